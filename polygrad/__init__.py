@@ -1,0 +1,46 @@
+"""polygrad: automatic differentiation for sparse, irregular data.
+
+    import polygrad as pg
+    x = pg.tensor([[1.0, 2.0]], requires_grad=True)
+    (x @ x.T).sum().backward()
+
+Backends (scalar, numpy, cupy, third-party) arrive through the pluggy entry-point group
+``polygrad``; see ``pg.list_backends()``.
+"""
+from __future__ import annotations
+
+from . import errors
+from .autodiff import backward, enable_grad, grad, no_grad
+from .backend import Backend, KernelOverride
+from .config import config
+from .dispatch import is_grad_enabled, reset_stats, stats
+from .dtypes import bool_, default_float, float32, float64, int32, int64
+from .errors import FallbackWarning
+from .hookspecs import hookimpl
+from .ops import Op, list_ops
+from .registry import get_backend, list_backends, register_plugin, set_backend, unregister_plugin, use_backend
+from .tensor import (
+    Tensor, abs, arange, argmax, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
+    log_softmax, logsumexp, manual_seed, matmul, max, maximum, mean, min, minimum, mse, mul, ones,
+    ones_like, permute, pow, rand, randn, reshape, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
+    transpose, unsqueeze, where, zeros, zeros_like, add,
+)
+from .value import Value
+
+__version__ = "0.1.0"
+
+# Sparse API: constructors, layout policy (polygrad.sparse).
+from .sparse import *  # noqa: E402,F401,F403
+from .sparse import __all__ as _sparse_all  # noqa: E402
+
+__all__ = [
+    "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
+    "argmax", "backward", "bool_", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
+    "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
+    "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
+    "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
+    "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
+    "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
+    "zeros_like", *_sparse_all,
+]

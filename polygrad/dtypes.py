@@ -1,0 +1,60 @@
+"""Dtypes: polygrad names numpy's dtype objects, so every backend speaks one vocabulary."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import DTypeError
+
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+int32 = np.dtype("int32")
+int64 = np.dtype("int64")
+bool_ = np.dtype("bool")
+
+DType = np.dtype
+# Like PyTorch: float32 unless asked otherwise.
+default_float: np.dtype = float32
+
+_ALIASES = {"float": float32, "double": float64, "long": int64, "int": int64, "bool": bool_}
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """Normalise a user dtype (pg.float32, np.float64, "float64", float, ...) to a numpy dtype."""
+    if isinstance(dtype, str) and dtype in _ALIASES:
+        return _ALIASES[dtype]
+    if dtype is float:
+        return float64
+    if dtype is int:
+        return int64
+    if dtype is bool:
+        return bool_
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise DTypeError(f"unknown dtype {dtype!r}") from exc
+    if dt.kind not in "fiub":
+        raise DTypeError(f"unsupported dtype {dt} (polygrad supports float, int and bool)")
+    return dt
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    return dtype.kind == "f"
+
+
+def promote(a: np.dtype, b: np.dtype) -> np.dtype:
+    """Result dtype of a binary op between two tensors (numpy's rules)."""
+    return a if a == b else np.promote_types(a, b)
+
+
+def infer_from_data(data: Any) -> np.dtype:
+    """Dtype a Python/numpy value gets when it becomes a tensor: floats -> default_float."""
+    arr = np.asarray(data)
+    if arr.dtype.kind == "f":
+        return arr.dtype if isinstance(data, np.ndarray) else default_float
+    if arr.dtype.kind == "b":
+        return bool_
+    if arr.dtype.kind in "iu":
+        return int64 if not isinstance(data, np.ndarray) else arr.dtype
+    raise DTypeError(f"cannot make a tensor from data of dtype {arr.dtype}")

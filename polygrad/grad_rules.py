@@ -1,0 +1,216 @@
+"""THE gradient table: one vector-Jacobian product per primitive, written in polygrad ops.
+
+Because each rule is made of differentiable polygrad ops, gradients of gradients work
+(``create_graph=True``), and a backend only has to supply forward kernels.  A rule returns one
+gradient per input (None where the input needs none), at the *output's broadcast shape* for
+elementwise ops: autodiff's ``unbroadcast`` reduces it to the input's shape.
+
+Subgradient conventions (fixed here, and mirrored by the scalar reference):
+  * relu'(0) = 0 (as micrograd);
+  * maximum(a, b) on a tie, and max over an axis with several maximal elements, split the
+    gradient evenly among the tied elements.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from .errors import GraphError
+from .ops import Op
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+Rule = Callable[..., tuple]
+
+
+def _needs(node) -> tuple[bool, ...]:
+    return tuple(t.requires_grad for t in node.inputs)
+
+
+def _neg(node, out, g):
+    return (-g,)
+
+
+def _exp(node, out, g):
+    return (g * out,)
+
+
+def _log(node, out, g):
+    return (g / node.inputs[0],)
+
+
+def _relu(node, out, g):
+    return (g * (node.inputs[0] > 0),)
+
+
+def _tanh(node, out, g):
+    return (g * (1 - out * out),)
+
+
+def _reciprocal(node, out, g):
+    return (-g * out * out,)
+
+
+def _cast(node, out, g):
+    x = node.inputs[0]
+    return (g.cast(x.dtype) if x.dtype.kind == "f" else None,)
+
+
+def _add(node, out, g):
+    return (g, g)
+
+
+def _mul(node, out, g):
+    a, b = node.inputs
+    na, nb = _needs(node)
+    return (g * b if na else None, g * a if nb else None)
+
+
+def _pow(node, out, g):
+    a, b = node.inputs
+    na, nb = _needs(node)
+    return (g * b * a ** (b - 1) if na else None, g * out * a.log() if nb else None)
+
+
+def _maximum(node, out, g):
+    a, b = node.inputs
+    from .tensor import where
+    share = where(a > b, 1.0, where(a == b, 0.5, 0.0)).cast(g.dtype)
+    return (g * share, g * (1 - share))
+
+
+def _where(node, out, g):
+    from .tensor import where
+    cond = node.inputs[0]
+    _, na, nb = _needs(node)
+    return (None, where(cond, g, 0.0) if na else None, where(cond, 0.0, g) if nb else None)
+
+
+def _keepdims(g, node):
+    """g reshaped so the reduced axes are kept as size 1 (ready to broadcast against the input)."""
+    if node.attrs["keepdims"]:
+        return g
+    x = node.inputs[0]
+    return g.reshape(tuple(1 if i in node.attrs["axes"] else n for i, n in enumerate(x.shape)))
+
+
+def _sum(node, out, g):
+    return (_keepdims(g, node).expand(node.inputs[0].shape),)
+
+
+def _max(node, out, g):
+    x = node.inputs[0]
+    axes = node.attrs["axes"]
+    mask = (x == _keepdims(out, node)).cast(g.dtype)
+    count = mask.sum(axis=axes, keepdims=True)
+    return (_keepdims(g, node) * mask / count,)
+
+
+def _reshape(node, out, g):
+    return (g.reshape(node.inputs[0].shape),)
+
+
+def _permute(node, out, g):
+    perm = node.attrs["perm"]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return (g.permute(*inverse),)
+
+
+def _expand(node, out, g):
+    return (g,)  # autodiff's unbroadcast sums the expanded axes
+
+
+def _getitem(node, out, g):
+    from .tensor import index_add
+    x = node.inputs[0]
+    return (index_add(g, node.attrs["index"], x.shape),)
+
+
+def _index_add(node, out, g):
+    return (g[node.attrs["index"]],)
+
+
+def _concat(node, out, g):
+    axis = node.attrs["axis"]
+    grads, start = [], 0
+    for t in node.inputs:
+        stop = start + t.shape[axis]
+        grads.append(g[(slice(None),) * axis + (slice(start, stop),)] if t.requires_grad else None)
+        start = stop
+    return tuple(grads)
+
+
+def _matmul(node, out, g):
+    a, b = node.inputs
+    na, nb = _needs(node)
+    a2 = a if a.ndim > 1 else a.reshape(1, a.shape[0])
+    b2 = b if b.ndim > 1 else b.reshape(b.shape[0], 1)
+    g2 = g
+    if a.ndim == 1:
+        g2 = g2.unsqueeze(-2 if b.ndim > 1 else -1)
+    if b.ndim == 1:
+        g2 = g2.unsqueeze(-1)
+    ga = gb = None
+    if na:
+        ga = g2 @ b2.transpose(-1, -2)
+        if a.ndim == 1:
+            ga = ga.reshape(ga.shape[:-2] + (a.shape[0],))
+    if nb:
+        gb = a2.transpose(-1, -2) @ g2
+        if b.ndim == 1:
+            gb = gb.reshape(gb.shape[:-2] + (b.shape[0],))
+    return (ga, gb)
+
+
+def _spmm(node, out, g):
+    from .tensor import sddmm, spmm
+    values, x = node.inputs
+    nv, nx = _needs(node)
+    pattern = node.attrs["pattern"]
+    dvalues = dx = None
+    if nv:  # dA only at A's nonzeros: an SDDMM, never an n x m matrix
+        if x.ndim == 1:
+            dvalues = sddmm(g.reshape(g.shape[0], 1), x.reshape(x.shape[0], 1), pattern)
+        else:
+            dvalues = sddmm(g, x, pattern)
+    if nx:  # dX = A^T dY through the cached transpose
+        t_pattern, perm = pattern.transpose()
+        dx = spmm(values[perm], g, t_pattern)
+    return (dvalues, dx)
+
+
+def _sddmm(node, out, g):
+    from .tensor import spmm
+    p, q = node.inputs
+    npp, nq = _needs(node)
+    pattern = node.attrs["pattern"]
+    dp = spmm(g, q, pattern) if npp else None
+    dq = None
+    if nq:
+        t_pattern, perm = pattern.transpose()
+        dq = spmm(g[perm], p, t_pattern)
+    return (dp, dq)
+
+
+def _segment_sum(node, out, g):
+    return (g[node.attrs["pattern"].rows],)
+
+
+RULES: dict[Op, Rule] = {
+    Op.NEG: _neg, Op.EXP: _exp, Op.LOG: _log, Op.RELU: _relu, Op.TANH: _tanh,
+    Op.RECIPROCAL: _reciprocal, Op.CAST: _cast,
+    Op.ADD: _add, Op.MUL: _mul, Op.POW: _pow, Op.MAXIMUM: _maximum, Op.WHERE: _where,
+    Op.SUM: _sum, Op.MAX: _max,
+    Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand, Op.GETITEM: _getitem,
+    Op.INDEX_ADD: _index_add, Op.CONCAT: _concat, Op.MATMUL: _matmul,
+    Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment_sum,
+}
+
+
+def vjp(node, out: "Tensor", g: "Tensor") -> tuple:
+    rule = RULES.get(node.op)
+    if rule is None:
+        raise GraphError(f"op '{node.op}' is not differentiable")
+    return rule(node, out, g)

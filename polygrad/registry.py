@@ -1,0 +1,244 @@
+"""Backend discovery and selection.
+
+Backends arrive through the pluggy entry-point group ``polygrad`` -- the built-in ``scalar``,
+``numpy`` and ``cupy`` exactly like any third party's.  Each entry point is loaded and registered
+in isolation: one that fails to import, raises in a registration hook or whose ``is_available()``
+raises is recorded with the reason and skipped, so ``import polygrad`` never breaks because of a
+plugin.  Registration builds the per-backend kernel tables once; dispatch then only does dict
+lookups.  Selection is context-local (``contextvars``), so threads and asyncio tasks don't leak
+their choice into each other.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Iterator
+
+import pluggy
+
+from . import hookspecs
+from .backend import Backend, KernelOverride
+from .errors import BackendUnavailableError
+from .ops import Op
+
+ENTRY_POINT_GROUP = "polygrad"
+DEFAULT_BACKEND = "numpy"
+EVENT_HOOKS = ("polygrad_op_executed", "polygrad_layout_chosen", "polygrad_fallback",
+               "polygrad_backward_finished")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One row of ``pg.list_backends()``."""
+    name: str
+    available: bool
+    reason: str          # why not available ("" when available)
+    origin: str          # the distribution that provides it (or "<runtime>" for pg.register_plugin)
+    status: str          # "ok", "unavailable" or "failed" (import/registration error)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'available' if self.available else self.status + ': ' + self.reason})"
+
+
+@dataclass
+class _Entry:
+    name: str
+    origin: str
+    backend: Backend | None = None
+    error: str = ""
+    available: bool | None = None     # None: not checked yet (checked lazily)
+    reason: str = ""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.entries: dict[str, _Entry] = {}
+        #: per backend name: {(Op, layout): kernel}, and the fused backward kernels
+        self.tables: dict[str, dict[tuple[Op, str], Any]] = {}
+        self.vjp_tables: dict[str, dict[tuple[Op, str], Any]] = {}
+        self._priorities: dict[tuple[str, Op, str, str], int] = {}
+        #: event hook callers, None when no plugin implements them (so firing costs one check)
+        self.events: dict[str, Any] = dict.fromkeys(EVENT_HOOKS)
+        self._lock = threading.RLock()
+        self.loaded = False
+
+    # -- loading ------------------------------------------------------------------------------
+    def load(self) -> None:
+        with self._lock:
+            if self.loaded:
+                return
+            self.loaded = True
+            for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+                origin = ep.dist.name if getattr(ep, "dist", None) is not None else "<unknown>"
+                try:
+                    plugin = ep.load()
+                except BaseException as exc:  # noqa: BLE001 - a broken plugin must not break us
+                    if isinstance(exc, KeyboardInterrupt):
+                        raise
+                    self.entries.setdefault(ep.name, _Entry(ep.name, origin,
+                                                            error=f"failed to import: {_describe(exc)}"))
+                    continue
+                self.register_plugin(plugin, name=ep.name, origin=origin)
+
+    def register_plugin(self, plugin: Any, name: str | None = None, origin: str = "<runtime>") -> None:
+        """Register a plugin object (module or instance with hookimpls) at runtime."""
+        with self._lock:
+            name = name or getattr(plugin, "__name__", None) or repr(plugin)
+            if self.pm.is_registered(plugin) or self.pm.has_plugin(name):
+                return
+            try:
+                self.pm.register(plugin, name=name)
+            except Exception as exc:  # e.g. a hookimpl with an unknown hook name
+                self.entries.setdefault(name, _Entry(name, origin, error=f"failed to register: {_describe(exc)}"))
+                return
+            self._collect(plugin, name, origin)
+            self._refresh_events()
+
+    def unregister_plugin(self, plugin: Any) -> None:
+        with self._lock:
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            self._refresh_events()
+
+    def _call_own_hook(self, plugin: Any, hook: str) -> list:
+        impl = getattr(plugin, hook, None)
+        if impl is None or not callable(impl):
+            return []
+        return list(impl() or [])
+
+    def _collect(self, plugin: Any, name: str, origin: str) -> None:
+        try:
+            backends = self._call_own_hook(plugin, "polygrad_backends")
+            overrides = self._call_own_hook(plugin, "polygrad_kernels")
+        except Exception as exc:
+            self.entries.setdefault(name, _Entry(name, origin, error=f"raised in registration: {_describe(exc)}"))
+            return
+        for backend in backends:
+            bname = getattr(backend, "name", "")
+            if not isinstance(backend, Backend) or not bname:
+                self.entries.setdefault(name, _Entry(name, origin, error=(
+                    f"registered {backend!r}, which is not a polygrad.Backend with a name")))
+                continue
+            if bname in self.entries and self.entries[bname].backend is not None:
+                self.entries[f"{bname} ({origin})"] = _Entry(bname, origin, error=(
+                    f"duplicate backend name {bname!r}: already provided by {self.entries[bname].origin}"))
+                continue
+            self.entries[bname] = _Entry(bname, origin, backend=backend)
+            table = self.tables.setdefault(bname, {})
+            vjps = self.vjp_tables.setdefault(bname, {})
+            for (op, layout), kernel in backend.kernels.items():
+                self._install(table, bname, Op(op), layout, kernel, 0, "forward")
+            for (op, layout), kernel in backend.vjp_kernels.items():
+                self._install(vjps, bname, Op(op), layout, kernel, 0, "vjp")
+        for ov in overrides:
+            if not isinstance(ov, KernelOverride):
+                continue
+            tables = self.vjp_tables if ov.kind == "vjp" else self.tables
+            self._install(tables.setdefault(ov.backend, {}), ov.backend, Op(ov.op), ov.layout,
+                          ov.kernel, ov.priority, ov.kind)
+
+    def _install(self, table, backend, op, layout, kernel, priority, kind) -> None:
+        key = (backend, op, layout, kind)
+        if priority >= self._priorities.get(key, -1 << 30):
+            table[(op, layout)] = kernel
+            self._priorities[key] = priority
+
+    def _refresh_events(self) -> None:
+        for hook in EVENT_HOOKS:
+            caller = getattr(self.pm.hook, hook)
+            self.events[hook] = caller if caller.get_hookimpls() else None
+
+    # -- queries ------------------------------------------------------------------------------
+    def _check(self, entry: _Entry) -> None:
+        if entry.available is not None:
+            return
+        if entry.backend is None:
+            entry.available, entry.reason = False, entry.error
+            return
+        try:
+            ok = bool(entry.backend.is_available())
+            entry.reason = "" if ok else str(entry.backend.unavailable_reason())
+        except Exception as exc:
+            ok, entry.reason = False, f"is_available() raised {_describe(exc)}"
+            entry.error = entry.reason
+        entry.available = ok
+
+    def infos(self) -> list[BackendInfo]:
+        self.load()
+        out = []
+        for entry in self.entries.values():
+            self._check(entry)
+            status = "ok" if entry.available else ("failed" if entry.error else "unavailable")
+            out.append(BackendInfo(entry.name, bool(entry.available), entry.reason, entry.origin, status))
+        return out
+
+    def get(self, name: str) -> Backend:
+        self.load()
+        entry = self.entries.get(name)
+        if entry is None or entry.backend is None and not entry.error:
+            known = ", ".join(sorted(e.name for e in self.entries.values() if e.backend is not None))
+            raise BackendUnavailableError(f"unknown backend {name!r}; installed backends: {known}")
+        self._check(entry)
+        if not entry.available:
+            hint = getattr(entry.backend, "install_hint", "") if entry.backend else ""
+            raise BackendUnavailableError(f"backend {name!r} is not available: {entry.reason}"
+                                          + (f" ({hint})" if hint else ""))
+        return entry.backend  # type: ignore[return-value]
+
+
+registry = Registry()
+
+_current: ContextVar[str | None] = ContextVar("polygrad_backend", default=None)
+
+
+def get_backend() -> str:
+    """Name of the backend new tensors go to: use_backend/set_backend, else $POLYGRAD_BACKEND, else numpy."""
+    return _current.get() or os.environ.get("POLYGRAD_BACKEND") or DEFAULT_BACKEND
+
+
+def resolve(name: "str | Backend | None" = None) -> Backend:
+    if isinstance(name, Backend):
+        return name
+    return registry.get(name or get_backend())
+
+
+def set_backend(name: str) -> None:
+    """Make ``name`` the default backend in the current context (thread / task)."""
+    registry.get(name)
+    _current.set(name)
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[Backend]:
+    """``with pg.use_backend("scalar"):`` -- context-local backend selection."""
+    backend = registry.get(name)
+    token = _current.set(name)
+    try:
+        yield backend
+    finally:
+        _current.reset(token)
+
+
+def list_backends() -> list[BackendInfo]:
+    """One record per discovered backend (and per failed plugin): name, available, reason, origin."""
+    return registry.infos()
+
+
+def register_plugin(plugin: Any, name: str | None = None) -> None:
+    """Register a plugin object at runtime (event-hook listeners, extra backends)."""
+    registry.load()
+    registry.register_plugin(plugin, name)
+
+
+def unregister_plugin(plugin: Any) -> None:
+    registry.unregister_plugin(plugin)

@@ -1,0 +1,779 @@
+"""Tensor: the user-facing n-d array with autodiff, and the composite ops built from primitives.
+
+Primitives go through :func:`polygrad.dispatch.apply`; everything else here (sub, div, sigmoid,
+mean, softmax, log_softmax, cross_entropy, mse, ...) is a composition of primitives, so its
+gradient comes from the gradient table for free.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Number
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import dispatch
+from .dispatch import apply
+from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
+from .errors import DTypeError, GraphError, ShapeError
+from .inference import normalize_axes
+from .ops import Op
+from .registry import resolve
+
+_rng = np.random.default_rng()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed polygrad's random generator (rand, randn, dropout, initialisers)."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+def rng() -> np.random.Generator:
+    return _rng
+
+
+class Tensor:
+    """An n-d array on one backend, with an optional gradient.
+
+    Create with :func:`polygrad.tensor` (or zeros/ones/randn...).  ``requires_grad=True`` on a
+    floating tensor makes it a leaf whose ``.grad`` is filled by ``backward()``.
+    """
+
+    __slots__ = ("_data", "_be", "shape", "dtype", "requires_grad", "grad", "_node", "name", "__weakref__")
+    __array_priority__ = 1000  # numpy defers to our reflected operators
+    layout = "dense"
+
+    @classmethod
+    def _make(cls, data: Any, be, shape: tuple, dtype: np.dtype) -> "Tensor":
+        t = object.__new__(cls)
+        t._data = data
+        t._be = be
+        t.shape = shape
+        t.dtype = dtype
+        t.requires_grad = False
+        t.grad = None
+        t._node = None
+        t.name = None
+        return t
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return self._be.name
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    @property
+    def op(self) -> str | None:
+        """Name of the op that produced this tensor (None for a leaf)."""
+        return None if self._node is None else self._node.op.value
+
+    @property
+    def data(self) -> "Tensor":
+        """A detached view of this tensor's storage (assign to replace the storage in place)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, other: "Tensor") -> None:
+        if not isinstance(other, Tensor) or other._be is not self._be:
+            raise DTypeError("Tensor.data must be set to a tensor on the same backend")
+        if other.shape != self.shape:
+            raise ShapeError(f"Tensor.data: cannot set data of shape {other.shape} on a tensor of shape {self.shape}")
+        self._data = other._data if other.dtype == self.dtype else other.cast(self.dtype)._data
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if flag and self.dtype.kind != "f":
+            raise DTypeError(f"only floating tensors can require grad, this one is {self.dtype}")
+        if self._node is not None and not flag:
+            raise GraphError("requires_grad_(False) on a non-leaf tensor: use detach()")
+        self.requires_grad = flag
+        return self
+
+    # -- conversion ---------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        return self._be.to_numpy(self._data)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr.astype(dtype) if dtype is not None else arr
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def item(self) -> float | int | bool:
+        if self.numel != 1:
+            raise ShapeError(f"item() needs a single-element tensor, got shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def detach(self) -> "Tensor":
+        return Tensor._make(self._data, self._be, self.shape, self.dtype)
+
+    def to(self, backend: Any) -> "Tensor":
+        """Copy to another backend (e.g. ``t.to("cupy")``).  The copy is a new leaf."""
+        be = resolve(backend)
+        if be is self._be:
+            return self
+        t = Tensor._make(be.from_numpy(self.numpy()), be, self.shape, self.dtype)
+        t.requires_grad = self.requires_grad and self._node is None
+        return t
+
+    def cast(self, dtype: Any) -> "Tensor":
+        dtype = as_dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        return apply(Op.CAST, (self,), {"dtype": dtype})
+
+    astype = cast
+
+    def float(self) -> "Tensor":
+        return self.cast(float32)
+
+    def double(self) -> "Tensor":
+        return self.cast(float64)
+
+    def long(self) -> "Tensor":
+        return self.cast(int64)
+
+    def bool(self) -> "Tensor":
+        return self.cast(bool_)
+
+    def to_sparse(self, layout: str = "csr"):
+        from .sparse import to_sparse
+        return to_sparse(self, layout)
+
+    def to_dense(self) -> "Tensor":
+        return self
+
+    # -- autodiff -----------------------------------------------------------------------------
+    def backward(self, grad: Any = None, retain_graph: bool = False, create_graph: bool = False) -> None:
+        from .autodiff import backward
+        backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    # -- operators ------------------------------------------------------------------------------
+    def __add__(self, other): return add(self, other)
+    def __radd__(self, other): return add(other, self)
+    def __sub__(self, other): return sub(self, other)
+    def __rsub__(self, other): return sub(other, self)
+    def __mul__(self, other): return mul(self, other)
+    def __rmul__(self, other): return mul(other, self)
+    def __truediv__(self, other): return div(self, other)
+    def __rtruediv__(self, other): return div(other, self)
+    def __pow__(self, other): return pow(self, other)
+    def __rpow__(self, other): return pow(other, self)
+    def __matmul__(self, other): return matmul(self, other)
+    def __rmatmul__(self, other): return matmul(other, self)
+    def __neg__(self): return apply(Op.NEG, (self,))
+    def __pos__(self): return self
+    def __lt__(self, other): return _compare(Op.LT, self, other)
+    def __le__(self, other): return _compare(Op.LE, self, other)
+    def __gt__(self, other): return _compare(Op.GT, self, other)
+    def __ge__(self, other): return _compare(Op.GE, self, other)
+    def __eq__(self, other): return _compare(Op.EQ, self, other)  # type: ignore[override]
+    def __ne__(self, other): return _compare(Op.NE, self, other)  # type: ignore[override]
+    __hash__ = object.__hash__
+
+    def __abs__(self): return abs(self)
+
+    def __bool__(self) -> bool:
+        if self.numel != 1:
+            raise ShapeError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __getitem__(self, index) -> "Tensor":
+        return getitem(self, index)
+
+    # -- elementwise ----------------------------------------------------------------------------
+    def exp(self): return apply(Op.EXP, (_floating(self),))
+    def log(self): return apply(Op.LOG, (_floating(self),))
+    def tanh(self): return apply(Op.TANH, (_floating(self),))
+    def relu(self): return apply(Op.RELU, (self,))
+    def reciprocal(self): return apply(Op.RECIPROCAL, (_floating(self),))
+    def sigmoid(self): return sigmoid(self)
+    def sqrt(self): return _floating(self) ** 0.5
+    def abs(self): return abs(self)
+    def maximum(self, other): return maximum(self, other)
+    def minimum(self, other): return minimum(self, other)
+    def clip(self, lo=None, hi=None): return clip(self, lo, hi)
+
+    # -- reductions -----------------------------------------------------------------------------
+    def sum(self, axis=None, keepdims: bool = False): return sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims: bool = False): return mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims: bool = False): return max(self, axis, keepdims)
+    def min(self, axis=None, keepdims: bool = False): return min(self, axis, keepdims)
+    def argmax(self, axis=None): return argmax(self, axis)
+    def softmax(self, axis: int = -1): return softmax(self, axis)
+    def log_softmax(self, axis: int = -1): return log_softmax(self, axis)
+    def logsumexp(self, axis=None, keepdims: bool = False): return logsumexp(self, axis, keepdims)
+
+    # -- movement -------------------------------------------------------------------------------
+    def reshape(self, *shape): return reshape(self, _shape_arg(shape))
+    view = reshape
+    def permute(self, *dims): return permute(self, _shape_arg(dims))
+    def transpose(self, dim0: int = -2, dim1: int = -1): return transpose(self, dim0, dim1)
+    def expand(self, *shape): return expand(self, _shape_arg(shape))
+    def unsqueeze(self, dim: int): return unsqueeze(self, dim)
+    def squeeze(self, dim=None): return squeeze(self, dim)
+    def flatten(self, start_dim: int = 0, end_dim: int = -1): return flatten(self, start_dim, end_dim)
+
+    @property
+    def T(self) -> "Tensor":
+        return permute(self, tuple(reversed(range(self.ndim))))
+
+    def matmul(self, other): return matmul(self, other)
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(), separator=", ", prefix="tensor(", threshold=50)
+        extra = f", dtype={self.dtype}, backend={self.backend!r}"
+        if self.requires_grad:
+            extra += ", requires_grad=True" if self._node is None else f", grad_fn={self.op}"
+        return f"tensor({body}{extra})"
+
+
+dispatch._make_tensor = Tensor._make
+
+
+def _shape_arg(shape: tuple) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(int(s) for s in shape[0])
+    return tuple(int(s) for s in shape)
+
+
+def _floating(t: Tensor) -> Tensor:
+    return t if t.dtype.kind == "f" else t.cast(default_float)
+
+
+# -- construction -------------------------------------------------------------------------------------
+
+def tensor_from_numpy(array: np.ndarray, be) -> Tensor:
+    data = be.from_numpy(array)
+    return Tensor._make(data, be, tuple(array.shape), np.dtype(array.dtype))
+
+
+def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: Any = None,
+           layout: str = "dense", **sparse_kwargs) -> Tensor:
+    """Make a tensor from Python data, a numpy array, another tensor or a backend array.
+
+    ``layout="auto"`` lets the cost model store a mostly-zero matrix sparse; "csr"/"coo" force it.
+    """
+    if layout != "dense":
+        from .sparse import from_dense_data
+        return from_dense_data(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
+                               layout=layout, **sparse_kwargs)
+    be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
+    if isinstance(data, Tensor):
+        array = data.numpy()
+    elif be.owns(data):
+        array = be.to_numpy(data)
+    else:
+        if hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):
+            try:
+                data = np.from_dlpack(data)
+            except Exception:  # noqa: BLE001 - not host memory: fall back to asarray
+                pass
+        try:
+            array = np.asarray(data)
+        except (ValueError, TypeError) as exc:
+            raise ShapeError(f"pg.tensor: cannot make a tensor from {type(data).__name__}: {exc}") from None
+        if array.dtype == object:
+            raise DTypeError(f"pg.tensor: data is ragged or not numeric ({type(data).__name__})")
+    if dtype is not None:
+        target = as_dtype(dtype)
+    elif isinstance(data, (Tensor, np.ndarray, np.generic)) or be.owns(data):
+        target = array.dtype
+    else:  # Python data: floats become the default float dtype, ints int64 (as PyTorch)
+        target = infer_from_data(array.tolist() if array.ndim == 0 else array.dtype.type(0).item())
+    if array.dtype.kind not in "fiub":
+        raise DTypeError(f"pg.tensor: unsupported dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=target)
+    t = tensor_from_numpy(array, be)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _filled(shape, value, dtype, requires_grad, backend) -> Tensor:
+    shape = _shape_arg(shape) if isinstance(shape, tuple) else _shape_arg((shape,))
+    dtype = as_dtype(dtype) if dtype is not None else default_float
+    return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad, backend=backend)
+
+
+def zeros(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
+    return _filled(shape, 0, dtype, requires_grad, backend)
+
+
+def ones(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
+    return _filled(shape, 1, dtype, requires_grad, backend)
+
+
+def full(shape, fill_value, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
+    if dtype is None and isinstance(fill_value, (bool, int)) and not isinstance(fill_value, float):
+        dtype = bool_ if isinstance(fill_value, bool) else int64
+    return _filled(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), fill_value, dtype,
+                   requires_grad, backend)
+
+
+def zeros_like(t: Tensor, dtype=None) -> Tensor:
+    return zeros(t.shape, dtype=dtype or t.dtype, backend=t._be)
+
+
+def ones_like(t: Tensor, dtype=None) -> Tensor:
+    return ones(t.shape, dtype=dtype or t.dtype, backend=t._be)
+
+
+def arange(start, stop=None, step=1, dtype=None, backend=None) -> Tensor:
+    if stop is None:
+        start, stop = 0, start
+    array = np.arange(start, stop, step)
+    if dtype is None:
+        dtype = int64 if array.dtype.kind in "iu" else default_float
+    return tensor(array, dtype=dtype, backend=backend)
+
+
+def rand(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
+    """Uniform [0, 1) samples from polygrad's seeded generator (``pg.manual_seed``)."""
+    dtype = as_dtype(dtype) if dtype is not None else default_float
+    return tensor(_rng.random(_shape_arg(shape)), dtype=dtype, requires_grad=requires_grad, backend=backend)
+
+
+def randn(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
+    """Standard normal samples from polygrad's seeded generator (``pg.manual_seed``)."""
+    dtype = as_dtype(dtype) if dtype is not None else default_float
+    return tensor(_rng.standard_normal(_shape_arg(shape)), dtype=dtype, requires_grad=requires_grad,
+                  backend=backend)
+
+
+# -- operand handling ---------------------------------------------------------------------------------
+
+def _as_operand(x: Any, like: Tensor) -> Tensor:
+    """A Python number / numpy array as a constant tensor on ``like``'s backend."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (bool, np.bool_)):
+        dtype = bool_ if like.dtype == bool_ else like.dtype
+    elif isinstance(x, Number) and not isinstance(x, (int, np.integer)):
+        dtype = like.dtype if like.dtype.kind == "f" else default_float
+    elif isinstance(x, (int, np.integer)):
+        dtype = like.dtype if like.dtype != bool_ else int64
+    else:
+        arr = np.asarray(x)
+        if arr.dtype == object:
+            raise DTypeError(f"cannot use a {type(x).__name__} as a tensor operand")
+        return tensor(arr, backend=like._be)
+    return tensor_from_numpy(np.asarray(x, dtype=dtype), like._be)
+
+
+def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
+    if not isinstance(a, Tensor):
+        if not isinstance(b, Tensor):
+            raise DTypeError("at least one operand must be a polygrad tensor")
+        a = _as_operand(a, b)
+    elif not isinstance(b, Tensor):
+        b = _as_operand(b, a)
+    if getattr(a, "layout", "dense") != "dense" or getattr(b, "layout", "dense") != "dense":
+        raise ShapeError("internal: sparse operands are handled by polygrad.sparse")
+    return a, b
+
+
+def _sparse_binary(name: str, a, b):
+    from . import sparse
+    return getattr(sparse, name)(a, b)
+
+
+def _is_sparse(x) -> bool:
+    return isinstance(x, Tensor) and x.layout != "dense"
+
+
+def add(a, b) -> Tensor:
+    if _is_sparse(a) or _is_sparse(b):
+        return _sparse_binary("add", a, b)
+    a, b = _pair(a, b)
+    return apply(Op.ADD, (a, b))
+
+
+def mul(a, b) -> Tensor:
+    if _is_sparse(a) or _is_sparse(b):
+        return _sparse_binary("mul", a, b)
+    a, b = _pair(a, b)
+    return apply(Op.MUL, (a, b))
+
+
+def sub(a, b) -> Tensor:
+    if _is_sparse(a) or _is_sparse(b):
+        return _sparse_binary("sub", a, b)
+    a, b = _pair(a, b)
+    return apply(Op.ADD, (a, apply(Op.NEG, (b,))))
+
+
+def div(a, b) -> Tensor:
+    if _is_sparse(a) or _is_sparse(b):
+        return _sparse_binary("div", a, b)
+    a, b = _pair(a, b)
+    return apply(Op.MUL, (_floating(a), apply(Op.RECIPROCAL, (_floating(b),))))
+
+
+def pow(a, b) -> Tensor:  # noqa: A001
+    if _is_sparse(a):
+        return _sparse_binary("pow", a, b)
+    a, b = _pair(a, b)
+    if a.dtype.kind != "f" and b.dtype.kind != "f":
+        a = a.cast(default_float)
+    return apply(Op.POW, (a, b))
+
+
+def maximum(a, b) -> Tensor:
+    a, b = _pair(a, b)
+    return apply(Op.MAXIMUM, (a, b))
+
+
+def minimum(a, b) -> Tensor:
+    a, b = _pair(a, b)
+    return -apply(Op.MAXIMUM, (-a, -b))
+
+
+def abs(x: Tensor) -> Tensor:  # noqa: A001 - |x| = max(x, -x); gradient 0 at 0 by the tie rule
+    return maximum(x, -x)
+
+
+def clip(x: Tensor, lo=None, hi=None) -> Tensor:
+    if lo is not None:
+        x = maximum(x, lo)
+    if hi is not None:
+        x = minimum(x, hi)
+    return x
+
+
+def _compare(op: Op, a, b) -> Tensor:
+    a, b = _pair(a, b)
+    return apply(op, (a, b))
+
+
+def where(cond, a, b) -> Tensor:
+    """Elementwise ``a if cond else b`` (cond: bool tensor or array); differentiable in a and b."""
+    like = next((x for x in (a, b, cond) if isinstance(x, Tensor)), None)
+    if like is None:
+        raise DTypeError("where(): at least one operand must be a polygrad tensor")
+    if not isinstance(cond, Tensor):
+        cond = tensor(np.asarray(cond, dtype=bool), backend=like._be)
+    if not isinstance(a, Tensor):
+        a = _as_operand(a, b if isinstance(b, Tensor) else like)
+    if not isinstance(b, Tensor):
+        b = _as_operand(b, a)
+    return apply(Op.WHERE, (cond, a, b))
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    # 1 / (1 + exp(-x)), written as 0.5 * (1 + tanh(x / 2)): never overflows, same gradient
+    x = _floating(x)
+    return 0.5 * (1 + (x * 0.5).tanh())
+
+
+# -- reductions ---------------------------------------------------------------------------------------
+
+def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    if _is_sparse(x):
+        from .sparse import sparse_sum
+        return sparse_sum(x, axis)
+    return apply(Op.SUM, (x,), {"axes": normalize_axes(Op.SUM, axis, x.ndim), "keepdims": keepdims})
+
+
+def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    axes = normalize_axes(Op.SUM, axis, x.ndim)
+    count = math.prod(x.shape[a] for a in axes)
+    return sum(_floating(x), axes, keepdims) * (1.0 / count if count else math.nan)
+
+
+def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return apply(Op.MAX, (x,), {"axes": normalize_axes(Op.MAX, axis, x.ndim), "keepdims": keepdims})
+
+
+def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return -max(-x, axis, keepdims)
+
+
+def argmax(x: Tensor, axis=None) -> Tensor:
+    """Index of the maximum (no gradient); computed on the host."""
+    arr = x.numpy()
+    return tensor(np.argmax(arr, axis=axis), dtype=int64, backend=x._be)
+
+
+def logsumexp(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    m = max(x, axis, keepdims=True).detach()
+    out = sum((x - m).exp(), axis, keepdims=True).log() + m
+    return out if keepdims else squeeze(out, normalize_axes(Op.SUM, axis, x.ndim))
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    e = (x - max(x, axis, keepdims=True).detach()).exp()  # shift-invariant: no gradient through max
+    return e / sum(e, axis, keepdims=True)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    shifted = x - max(x, axis, keepdims=True).detach()
+    return shifted - sum(shifted.exp(), axis, keepdims=True).log()
+
+
+def _target_indices(target) -> np.ndarray:
+    arr = target.numpy() if isinstance(target, Tensor) else np.asarray(target)
+    if arr.dtype.kind not in "iu":
+        raise DTypeError(f"cross_entropy: class targets must be integers, got {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def cross_entropy(logits: Tensor, target, mask=None, reduction: str = "mean") -> Tensor:
+    """Softmax cross-entropy over the last axis of ``logits`` [N, C].
+
+    ``target``: integer class indices [N] (or class probabilities [N, C]).  ``mask``: a boolean
+    mask [N] or an index array selecting which rows count (e.g. the training nodes of a graph).
+    """
+    if logits.ndim != 2:
+        raise ShapeError(f"cross_entropy: logits must be [N, C], got {logits.shape}")
+    if mask is not None:
+        rows = _mask_rows(mask, logits.shape[0])
+        logits = logits[rows]
+        if isinstance(target, Tensor) and target.dtype.kind == "f":
+            target = target[rows]
+        else:
+            target = _target_indices(target)[rows]
+    logp = log_softmax(logits, -1)
+    if isinstance(target, Tensor) and target.dtype.kind == "f":
+        if target.shape != logits.shape:
+            raise ShapeError(f"cross_entropy: probability targets {target.shape} must match logits {logits.shape}")
+        losses = -(target * logp).sum(-1)
+    else:
+        idx = _target_indices(target)
+        if idx.shape != (logits.shape[0],):
+            raise ShapeError(f"cross_entropy: targets {idx.shape} must be [N] for logits {logits.shape}")
+        if idx.size and (idx.min() < 0 or idx.max() >= logits.shape[1]):
+            raise ShapeError(f"cross_entropy: target class out of range [0, {logits.shape[1]})")
+        losses = -logp[np.arange(idx.shape[0]), idx]
+    if reduction == "mean":
+        return losses.mean()
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "none":
+        return losses
+    raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _mask_rows(mask, n: int) -> np.ndarray:
+    arr = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
+    if arr.dtype == bool:
+        if arr.shape != (n,):
+            raise ShapeError(f"mask of shape {arr.shape} does not match {n} rows")
+        return np.flatnonzero(arr)
+    return arr.astype(np.int64)
+
+
+def mse(pred: Tensor, target, reduction: str = "mean") -> Tensor:
+    d = pred - target
+    sq = d * d
+    return sq.mean() if reduction == "mean" else sq.sum() if reduction == "sum" else sq
+
+
+# -- movement -----------------------------------------------------------------------------------------
+
+def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or x.numel % known:
+            raise ShapeError(f"reshape: cannot reshape {x.shape} into {shape}")
+        shape = tuple(x.numel // known if s == -1 else s for s in shape)
+    if shape == x.shape:
+        return x
+    return apply(Op.RESHAPE, (x,), {"shape": shape})
+
+
+def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    perm = tuple(int(d) % x.ndim if x.ndim else int(d) for d in dims)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return apply(Op.PERMUTE, (x,), {"perm": perm})
+
+
+def transpose(x: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
+    if _is_sparse(x):
+        from .sparse import transpose as sparse_transpose
+        return sparse_transpose(x)
+    if x.ndim < 2:
+        return x
+    perm = list(range(x.ndim))
+    perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+    return permute(x, perm)
+
+
+def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
+    shape = tuple(int(s) for s in shape)
+    if shape == x.shape:
+        return x
+    return apply(Op.EXPAND, (x,), {"shape": shape})
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    dim = dim % (x.ndim + 1)
+    return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def squeeze(x: Tensor, dim=None) -> Tensor:
+    if dim is None:
+        return reshape(x, tuple(s for s in x.shape if s != 1))
+    dims = normalize_axes(Op.RESHAPE, dim, x.ndim)
+    return reshape(x, tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1)))
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s, e = start_dim % x.ndim, end_dim % x.ndim
+    return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def _normalize_index(index: Any, shape: tuple) -> tuple:
+    """A numpy-style index with tensors/lists turned into int64 arrays and bool masks into indices."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    out: list = []
+    dim = 0
+    for item in index:
+        if isinstance(item, Tensor):
+            item = item.numpy()
+        if isinstance(item, list):
+            item = np.asarray(item)
+        if isinstance(item, np.ndarray):
+            if item.dtype == bool:
+                if item.shape != shape[dim:dim + item.ndim]:
+                    raise ShapeError(f"getitem: boolean mask of shape {item.shape} does not match "
+                                     f"dims {shape[dim:dim + item.ndim]} of a tensor of shape {shape}")
+                out.extend(np.nonzero(item))
+                dim += item.ndim
+                continue
+            if item.dtype.kind not in "iu":
+                raise DTypeError(f"getitem: index arrays must be integer or bool, got {item.dtype}")
+            out.append(item.astype(np.int64, copy=False))
+            dim += 1
+        elif isinstance(item, (bool, np.bool_)):
+            raise DTypeError("getitem: a bare bool is not a valid index")
+        elif isinstance(item, (int, np.integer)):
+            out.append(int(item))
+            dim += 1
+        elif item is None or item is Ellipsis:
+            out.append(item)
+            if item is Ellipsis:
+                dim = len(shape) - sum(1 for i in index if i is not None and i is not Ellipsis)
+        elif isinstance(item, slice):
+            out.append(item)
+            dim += 1
+        else:
+            raise DTypeError(f"getitem: unsupported index {item!r}")
+    return tuple(out)
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    if _is_sparse(x):
+        raise ShapeError("indexing a sparse tensor is not supported; use to_dense() or gather rows densely")
+    return apply(Op.GETITEM, (x,), {"index": _normalize_index(index, x.shape)})
+
+
+def index_add(src: Tensor, index: Any, shape: Sequence[int]) -> Tensor:
+    """zeros(shape) with ``src`` added at ``index`` (repeated positions accumulate)."""
+    return apply(Op.INDEX_ADD, (src,), {"index": _normalize_index(index, tuple(shape)),
+                                        "shape": tuple(int(s) for s in shape)})
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("concat: needs at least one tensor")
+    ndim = tensors[0].ndim
+    if ndim == 0:
+        raise ShapeError("concat: zero-dimensional tensors cannot be concatenated (use stack)")
+    if any(t.ndim != ndim for t in tensors):
+        raise ShapeError(f"concat: all tensors need the same number of dims, got "
+                         f"{', '.join(str(t.shape) for t in tensors)}")
+    axis = normalize_axes(Op.CONCAT, axis, ndim)[0]
+    if len(tensors) == 1:
+        return tensors[0]
+    return apply(Op.CONCAT, tuple(tensors), {"axis": axis})
+
+
+cat = concat
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("stack: needs at least one tensor")
+    axis = axis % (tensors[0].ndim + 1)
+    if any(t.shape != tensors[0].shape for t in tensors):
+        raise ShapeError(f"stack: all tensors need the same shape, got {', '.join(str(t.shape) for t in tensors)}")
+    parts = [unsqueeze(t, axis) for t in tensors]
+    return parts[0] if len(parts) == 1 else apply(Op.CONCAT, tuple(parts), {"axis": axis})
+
+
+def matmul(a, b) -> Tensor:
+    if _is_sparse(a) or _is_sparse(b):
+        from .sparse import matmul as sparse_matmul
+        return sparse_matmul(a, b)
+    a, b = _pair(a, b)
+    from .sparse import maybe_sparsify_for_matmul
+    a_sparse = maybe_sparsify_for_matmul(a, b)
+    if a_sparse is not None:
+        from .sparse import matmul as sparse_matmul
+        return sparse_matmul(a_sparse, b)
+    return apply(Op.MATMUL, (a, b))
+
+
+# -- sparse primitives (the pattern rides in attrs; values are a dense 1-D operand) --------------------
+
+def spmm(values: Tensor, x: Tensor, pattern) -> Tensor:
+    """``A @ X`` for the sparse matrix (pattern, values): touches only A's nonzeros."""
+    return apply(Op.SPMM, (values, x), {"pattern": pattern}, pattern.layout)
+
+
+def sddmm(p: Tensor, q: Tensor, pattern) -> Tensor:
+    """``(P @ Qᵀ)`` sampled at the pattern's nonzeros: one value per nonzero, O(nnz·F)."""
+    return apply(Op.SDDMM, (p, q), {"pattern": pattern}, pattern.layout)
+
+
+def segment_sum(values: Tensor, pattern) -> Tensor:
+    """Row sums of the sparse matrix (pattern, values) (deterministic segment reduction)."""
+    return apply(Op.SEGMENT_SUM, (values,), {"pattern": pattern}, pattern.layout)
+
+
+def segment_max(values: Tensor, pattern) -> Tensor:
+    """Row maxima over the nonzeros (no gradient; empty rows give 0)."""
+    return apply(Op.SEGMENT_MAX, (values,), {"pattern": pattern}, pattern.layout)
