@@ -61,8 +61,10 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         if (len(idx) == 1 and getattr(idx[0], "ndim", 0) == 1 and src.ndim == len(shape)
                 and src.shape == (idx[0].shape[0],) + tuple(shape[1:])):
             rows = idx[0] % shape[0] if shape[0] else idx[0]
-            flat = src.reshape(src.shape[0], -1)
-            width = flat.shape[1]
+            width = 1
+            for n in shape[1:]:
+                width *= n
+            flat = src.reshape(src.shape[0], width)
             if src.dtype.kind == "f" and width:
                 cols = xp.arange(width)
                 lin = (rows[:, None] * width + cols[None, :]).ravel()

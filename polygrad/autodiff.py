@@ -16,7 +16,8 @@ from .dispatch import _grad_enabled, registry
 from .errors import GraphError, ShapeError
 from .graph import toposort
 from .ops import Op
-from .value import backward_many, Value
+from .value import Value, backward_many
+from .value import _toposort as value_toposort
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -59,57 +60,107 @@ def unbroadcast(g: "Tensor", shape: tuple) -> "Tensor":
 
 
 def _scalar_vjp(node, out: "Tensor", g: "Tensor") -> tuple:
-    """Gradient of an op computed by fallback: ``Value.backward`` over its decomposition."""
+    """Gradient of an op computed by fallback: ``Value.backward`` over its decomposition.
+
+    No VJP rule or kernel is involved.  The decomposition's gradients are reset first, so a
+    retained graph (``retain_graph=True``) can be backpropagated through it again."""
+    leaves, outs = node.scalar
+    return _decomposition_grads(node.inputs, leaves, outs, g)
+
+
+def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -> tuple:
+    """Input gradients from a scalar decomposition (leaves per input, output elements) seeded by g."""
+    import numpy as np
+
     from .tensor import tensor_from_numpy
 
-    leaves, outs = node.scalar
-    if any(isinstance(x, Value) and x.grad for items in leaves for x in items):
-        raise GraphError(f"op '{node.op}' was computed by scalar fallback; its decomposition can be "
-                         "backpropagated once (recompute the forward to differentiate again)")
+    values = [o for o in outs if isinstance(o, Value)]
+    order = value_toposort(values)
+    for v in order:
+        v.grad = 0
+    for items in leaves:
+        for v in items:
+            if isinstance(v, Value):
+                v.grad = 0
     seeds = g._be.to_numpy(g._data).ravel().tolist()
     pairs = [(o, s) for o, s in zip(outs, seeds) if isinstance(o, Value)]
     backward_many([o for o, _ in pairs], [s for _, s in pairs])
     grads = []
-    for items, inp in zip(leaves, node.inputs):
-        if not inp.requires_grad or not items or not isinstance(items[0], Value):
+    for items, inp in zip(leaves, inputs):
+        if not inp.requires_grad or (items and not isinstance(items[0], Value)):
             grads.append(None)
             continue
-        import numpy as np
         arr = np.asarray([v.grad for v in items], dtype=inp.dtype).reshape(inp.shape)
         grads.append(tensor_from_numpy(arr, inp._be))
     return tuple(grads)
 
 
 def _fused_vjp(node, out: "Tensor", g: "Tensor"):
-    """The backend's fused backward kernel for this node, if it has one (None otherwise)."""
+    """The backend's fused backward kernel for this node, if it has one (None otherwise).
+
+    A fused kernel that raises, returns the wrong number of gradients, leaves out a gradient
+    that is needed or returns one of the wrong shape is a kernel fault, handled like a failing
+    forward kernel: ``pg.config.fallback == "raise"`` re-raises; otherwise the fault is reported
+    (hook, warning, ``pg.stats()``) and the gradient is recomputed by scalar decomposition --
+    the op's scalar reference over Values, backpropagated by ``Value.backward`` -- so nothing of
+    the failing backend is trusted.  When that decomposition would exceed
+    ``pg.config.scalar_fallback_max_elements``, the VJP rule serves instead of raising: unlike a
+    failed forward, the backward has a second trustworthy path (the rule is polygrad's own,
+    built from primitives whose kernels are each checked and fall back on their own), and a
+    training run should not die on the cost of the slower one.
+    """
     vjps = registry.vjp_tables.get(node.backend.name)
     if not vjps:
         return None
     kernel = vjps.get((node.op, node.layout))
     if kernel is None:
         return None
+    from .dispatch import KernelFault, report_fallback
+    from .errors import PolygradError
     from .tensor import Tensor
-    from .dispatch import report_fallback
     be = node.backend
     needs = tuple(t.requires_grad for t in node.inputs)
     try:
-        arrays = kernel(g._data, *[t._data for t in node.inputs], needs=needs, **node.attrs)
+        arrays = tuple(kernel(g._data, *[t._data for t in node.inputs], needs=needs, **node.attrs))
+        if len(arrays) != len(node.inputs):
+            raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned "
+                              f"{len(arrays)} gradients for {len(node.inputs)} inputs")
         grads = []
         for t, arr, need in zip(node.inputs, arrays, needs):
-            if not need or arr is None:
+            if not need:
                 grads.append(None)
                 continue
+            if arr is None:
+                raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned no "
+                                  f"gradient for an input of shape {t.shape} that needs one")
             if be.shape(arr) != t.shape:
-                raise ValueError(f"fused backward of '{node.op}' returned shape {be.shape(arr)} for an "
-                                 f"input of shape {t.shape}")
+                raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned shape "
+                                  f"{be.shape(arr)} for an input of shape {t.shape}")
             grads.append(Tensor._make(arr, be, t.shape, be.dtype(arr)))
         return tuple(grads)
-    except Exception as exc:  # noqa: BLE001 - a failing fused kernel: use the VJP rule instead
-        from .errors import PolygradError
-        if isinstance(exc, PolygradError):
-            raise
-        report_fallback(node.op, be, node.layout, exc)
+    except KernelFault as exc:
+        fault: Exception = exc
+    except PolygradError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failing fused kernel goes to the fallback policy
+        fault = exc
+    return _fused_fallback(node, out, g, fault, report_fallback)
+
+
+def _fused_fallback(node, out: "Tensor", g: "Tensor", exc: Exception, report) -> tuple | None:
+    """Gradients by scalar decomposition after a fused backward kernel failed (None: use the rule)."""
+    from .config import config
+    from .dispatch import scalar_cost, scalar_decompose
+
+    if config.fallback == "raise":
+        raise exc
+    report(node.op, node.backend, node.layout, exc)
+    if scalar_cost(node.op, tuple(t.shape for t in node.inputs), node.attrs,
+                   out.shape) > config.scalar_fallback_max_elements:
         return None
+    leaves, outs = scalar_decompose(node.op, node.inputs, node.attrs, out.shape, exc, node.backend,
+                                    node.layout)
+    return _decomposition_grads(node.inputs, leaves, outs, g)
 
 
 def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: bool, create_graph: bool,
@@ -139,9 +190,12 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                 raise GraphError(
                     f"trying to backward through the graph a second time (op '{node.op}' has already "
                     "been freed); pass retain_graph=True to the first backward() if you need to")
-            if node.scalar is not None:
+            if node.scalar is not None and not create_graph:
                 in_grads = _scalar_vjp(node, t, g)
             else:
+                # create_graph: the rule (made of differentiable polygrad ops, each of which falls
+                # back on its own) is the only path whose gradients can be differentiated again --
+                # a scalar decomposition or fused kernel yields constants.
                 in_grads = None if create_graph else _fused_vjp(node, t, g)
                 if in_grads is None:
                     in_grads = grad_rules.vjp(node, t, g)

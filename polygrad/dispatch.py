@@ -43,9 +43,17 @@ _warned: set = set()
 
 
 def stats() -> dict:
-    """Counters since start (or ``pg.reset_stats()``): fallbacks per (op, backend, layout)."""
+    """Counters since start (or ``pg.reset_stats()``).
+
+    ``fallbacks``: {"op/backend/layout": count}; ``fallbacks_by_op``: {"op": count};
+    ``fallbacks_total``: the sum.  A fallback is counted each time a kernel (forward or fused
+    backward) fails, whichever link of the fallback chain then serves the op."""
     with _stats_lock:
+        by_op: Counter = Counter()
+        for (op, _be, _layout), n in fallback_counts.items():
+            by_op[op] += n
         return {"fallbacks": {f"{op}/{be}/{layout}": n for (op, be, layout), n in fallback_counts.items()},
+                "fallbacks_by_op": dict(by_op),
                 "fallbacks_total": sum(fallback_counts.values())}
 
 
@@ -59,8 +67,12 @@ def is_grad_enabled() -> bool:
     return _grad_enabled.get()
 
 
-class KernelFault(Exception):
-    """A kernel's output contradicts the op's inference (internal: triggers the fallback)."""
+class KernelFault(BackendError):
+    """A kernel's output contradicts the op's inference.
+
+    Dispatch treats it like a kernel exception (it triggers the fallback); it is a BackendError
+    so that, under ``pg.config.fallback = "raise"``, what escapes is a polygrad error naming the
+    op, the backend and the expected and actual outputs."""
 
 
 def _mixed(op: Op, inputs: tuple) -> MixedBackendError:
@@ -92,16 +104,36 @@ def run_kernel(be, op: Op, layout: str, arrays: list, attrs: dict, shape: tuple,
 
 
 def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
-    """Run primitive ``op`` on tensors ``inputs`` and record it for autodiff."""
-    be = inputs[0]._be
-    for t in inputs:
-        if t._be is not be:
-            raise _mixed(op, inputs)
-    shape, dtype = infer(op, tuple(t.shape for t in inputs), tuple(t.dtype for t in inputs), attrs)
-    arrays = [t._data for t in inputs]
+    """Run primitive ``op`` on tensors ``inputs`` and record it for autodiff.
+
+    This is the hot path of every op: keep it free of generator expressions and extra calls."""
+    first = inputs[0]
+    be = first._be
+    if len(inputs) == 1:
+        shapes, dtypes, arrays = (first.shape,), (first.dtype,), [first._data]
+        needs_grad = first.requires_grad
+    else:
+        shapes, dtypes, arrays = [], [], []
+        needs_grad = False
+        for t in inputs:
+            if t._be is not be:
+                raise _mixed(op, inputs)
+            shapes.append(t.shape)
+            dtypes.append(t.dtype)
+            arrays.append(t._data)
+            needs_grad = needs_grad or t.requires_grad
+        shapes, dtypes = tuple(shapes), tuple(dtypes)
+    shape, dtype = infer(op, shapes, dtypes, attrs)
     scalar = None
     try:
-        out = run_kernel(be, op, layout, arrays, attrs, shape, dtype)
+        kernel = registry.tables[be.name].get((op, layout))
+        if kernel is None:
+            out = run_kernel(be, op, layout, arrays, attrs, shape, dtype)
+        else:
+            out = kernel(*arrays, **attrs)
+            if be.shape(out) != shape or be.dtype(out) != dtype:
+                raise KernelFault(f"kernel for op '{op}' on backend {be.name!r} ({layout}) returned "
+                                  f"shape {be.shape(out)} dtype {be.dtype(out)}, expected {shape} {dtype}")
     except PolygradError:
         raise
     except Exception as exc:  # noqa: BLE001 - any kernel fault goes to the fallback policy
@@ -110,12 +142,9 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         if config.validate:
             validate_against_reference(op, inputs, attrs, layout, out)
     result = _make_tensor(out, be, shape, dtype)
-    if _grad_enabled.get() and op not in NON_DIFFERENTIABLE:
-        for t in inputs:
-            if t.requires_grad:
-                result.requires_grad = True
-                result._node = Node(op, inputs, attrs, layout, be, scalar)
-                break
+    if needs_grad and dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get():
+        result.requires_grad = True
+        result._node = Node(op, inputs, attrs, layout, be, scalar)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
@@ -139,37 +168,89 @@ def report_fallback(op: Op, be, layout: str, exc: BaseException) -> None:
 
 
 def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtype, exc: BaseException):
-    """(output array on the inputs' backend, scalar decomposition or None) after a kernel fault."""
+    """(output array on the inputs' backend, scalar decomposition or None) after a kernel fault.
+
+    ``pg.config.fallback == "raise"`` re-raises ``exc``.  Otherwise the fault is reported, the
+    backends of ``pg.config.fallback_chain[backend]`` are tried in order (a link that is unknown,
+    unavailable or fails as well is reported and skipped), and last the op is decomposed into
+    scalar :class:`Value` operations (see :func:`scalar_decompose`).
+    """
     be = inputs[0]._be
     if config.fallback == "raise":
         raise exc
     report_fallback(op, be, layout, exc)
     for alt_name in config.fallback_chain.get(be.name, ()):
+        if alt_name == be.name:
+            continue
         try:
             alt = registry.get(alt_name)
+        except PolygradError:  # the chain names a backend that is not installed here: skip it
+            continue
+        try:
             host = [alt.from_numpy(be.to_numpy(t._data)) for t in inputs]
             out = run_kernel(alt, op, layout, host, attrs, shape, dtype)
-            # the alternative's forward is trusted, and so is the VJP rule on the original backend
+            # The alternative's forward is trusted, and so is the VJP rule (polygrad's own, made of
+            # primitives that are each checked and fall back on their own) on the original backend.
             return be.from_numpy(alt.to_numpy(out)), None
-        except PolygradError:
-            raise
-        except Exception:  # noqa: BLE001 - try the next link of the chain
+        except Exception as alt_exc:  # noqa: BLE001 - this link failed too: report, try the next
+            report_fallback(op, alt, layout, alt_exc)
             continue
-    decomposition = scalar_decompose(op, inputs, attrs, shape, exc, be, layout)
-    out = be.from_numpy(np.asarray(reference.data_of(decomposition[1]), dtype=dtype).reshape(shape))
+    decomposition = scalar_decompose(op, inputs, attrs, shape, exc, be, layout,
+                                     want_grad=_grad_enabled.get() and op not in NON_DIFFERENTIABLE)
+    try:
+        out = be.from_numpy(np.asarray(reference.data_of(decomposition[1]), dtype=dtype).reshape(shape))
+    except Exception as conv_exc:  # noqa: BLE001 - e.g. a Python int that overflows the dtype
+        raise BackendError(f"op '{op}' failed on backend {be.name!r} ({layout}) with "
+                           f"{type(exc).__name__}: {exc}; its scalar decomposition could not be "
+                           f"converted to {dtype} {shape}: {type(conv_exc).__name__}: {conv_exc}") from exc
+    if not (_grad_enabled.get() and op not in NON_DIFFERENTIABLE and any(t.requires_grad for t in inputs)):
+        decomposition = None  # no node will be recorded: keep no Values alive
     return out, decomposition
 
 
-def scalar_decompose(op: Op, inputs: tuple, attrs: dict, shape: tuple, exc: BaseException, be, layout: str):
-    """Decompose ``op`` into Values: (input leaves per operand, output elements)."""
-    size = sum(int(np.prod(t.shape, dtype=np.int64)) for t in inputs) + int(np.prod(shape, dtype=np.int64))
+def scalar_cost(op: Op, shapes: tuple, attrs: dict, out_shape: tuple) -> int:
+    """Scalar operations a decomposition of ``op`` needs (what the size guard compares).
+
+    Elements read and written, plus the inner products of the contracting ops, whose work is
+    not bounded by their operand sizes (a [n, k] @ [k, m] matmul does n*k*m multiplications)."""
+    def numel(shape) -> int:
+        return int(np.prod(shape, dtype=np.int64))
+
+    size = sum(numel(s) for s in shapes) + numel(out_shape)
+    if op == Op.MATMUL:
+        a, b = shapes
+        size += numel(out_shape) * (a[-1] if a else 1)
+    elif op == Op.SPMM:
+        x = shapes[1]
+        size += shapes[0][0] * (x[1] if len(x) == 2 else 1)
+    elif op == Op.SDDMM:
+        size += numel(out_shape) * (shapes[0][1] if len(shapes[0]) == 2 else 1)
+    return size
+
+
+def scalar_decompose(op: Op, inputs: tuple, attrs: dict, shape: tuple, exc: BaseException, be,
+                     layout: str, want_grad: bool = True):
+    """Decompose ``op`` into Values: (input leaves per operand, output elements).
+
+    Inputs that require grad (when ``want_grad``) become :class:`Value` leaves, so
+    ``Value.backward`` over the outputs later gives their gradients without trusting any kernel
+    or VJP rule.  Raises :class:`BackendError` naming the op, the size and ``exc`` when the
+    decomposition would exceed ``pg.config.scalar_fallback_max_elements``, or when the scalar
+    reference itself fails."""
+    size = scalar_cost(op, tuple(t.shape for t in inputs), attrs, shape)
     if size > config.scalar_fallback_max_elements:
         raise BackendError(
             f"op '{op}' failed on backend {be.name!r} ({layout}) with {type(exc).__name__}: {exc}; "
-            f"scalar decomposition would touch {size} elements, more than "
+            f"scalar decomposition would take {size} scalar operations (operands "
+            f"{', '.join(str(t.shape) for t in inputs)} -> {shape}), more than "
             f"pg.config.scalar_fallback_max_elements={config.scalar_fallback_max_elements}") from exc
-    leaves = [reference.leaves_of(be.to_numpy(t._data), t.requires_grad) for t in inputs]
-    items, _ = reference.run(op, [(items, t.shape) for items, t in zip(leaves, inputs)], attrs)
+    try:
+        leaves = [reference.leaves_of(be.to_numpy(t._data), want_grad and t.requires_grad) for t in inputs]
+        items, _ = reference.run(op, [(items, t.shape) for items, t in zip(leaves, inputs)], attrs)
+    except Exception as ref_exc:  # noqa: BLE001 - the last resort failed: say so, with both errors
+        raise BackendError(f"op '{op}' failed on backend {be.name!r} ({layout}) with "
+                           f"{type(exc).__name__}: {exc}; its scalar decomposition failed too: "
+                           f"{type(ref_exc).__name__}: {ref_exc}") from exc
     return leaves, items
 
 

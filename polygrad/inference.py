@@ -23,11 +23,23 @@ def _describe(shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...]) -> str:
 
 
 def broadcast_shapes(op: Op, *shapes: Shape) -> Shape:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ShapeError(f"op '{op}': shapes {', '.join(map(str, shapes))} cannot be broadcast "
-                         "together (numpy broadcasting rules)") from None
+    """numpy's broadcasting rule (in plain Python: this is on every op's hot path)."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for s in shapes:
+        offset = ndim - len(s)
+        for i, n in enumerate(s):
+            cur = out[offset + i]
+            if n != cur:
+                if cur == 1:
+                    out[offset + i] = n
+                elif n != 1:
+                    raise ShapeError(f"op '{op}': shapes {', '.join(map(str, shapes))} cannot be broadcast "
+                                     "together (numpy broadcasting rules)")
+    return tuple(out)
 
 
 def normalize_axes(op: Op, axis: Any, ndim: int) -> tuple[int, ...]:
@@ -60,11 +72,13 @@ def _cast(op, shapes, dtypes, attrs):
 
 
 def _binary(op, shapes, dtypes, attrs):
-    shape = broadcast_shapes(op, *shapes)
-    if bool_ in dtypes and op != Op.MUL:
-        raise DTypeError(f"op '{op}' is not defined for bool tensors ({_describe(shapes, dtypes)})")
-    dtype = promote(*dtypes)
-    if op == Op.POW and not is_floating(dtype):
+    a, b = shapes
+    shape = a if a == b else broadcast_shapes(op, a, b)
+    da, db = dtypes
+    dtype = da if da == db else promote(da, db)
+    if dtype.kind != "f" and (dtype == bool_ and op != Op.MUL or op == Op.POW):
+        if op != Op.POW:
+            raise DTypeError(f"op '{op}' is not defined for bool tensors ({_describe(shapes, dtypes)})")
         raise DTypeError(f"op 'pow' needs a floating base or exponent, got {_describe(shapes, dtypes)}")
     return shape, dtype
 
@@ -210,3 +224,7 @@ _RULES: dict[Op, Callable[..., Spec]] = {
 def infer(op: Op, shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...], attrs: dict) -> Spec:
     """(output shape, output dtype) of ``op`` on operands of these shapes/dtypes; raises on misuse."""
     return _RULES[op](op, shapes, dtypes, attrs)
+
+
+def _unary_fast(op, shapes, dtypes, attrs):
+    return shapes[0], dtypes[0]

@@ -146,7 +146,7 @@ def _reduce(flat: Flat, axes: tuple, keepdims: bool, combine: Callable) -> Flat:
     items, shape = flat
     kept = [i for i in range(len(shape)) if i not in axes]
     groups = np.transpose(_positions(shape), kept + list(axes)).reshape(
-        int(np.prod([shape[i] for i in kept], dtype=np.int64)), -1)
+        int(np.prod([shape[i] for i in kept], dtype=np.int64)), int(np.prod([shape[i] for i in axes], dtype=np.int64)))
     out = [combine(_take(items, row)) if row.size else combine([]) for row in groups]
     out_shape = tuple(1 if i in axes else n for i, n in enumerate(shape) if keepdims or i not in axes)
     return out, out_shape

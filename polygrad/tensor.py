@@ -6,6 +6,7 @@ gradient comes from the gradient table for free.
 """
 from __future__ import annotations
 
+import builtins
 import math
 from numbers import Number
 from typing import Any, Iterable, Sequence
@@ -399,8 +400,12 @@ def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
         if not isinstance(b, Tensor):
             raise DTypeError("at least one operand must be a polygrad tensor")
         a = _as_operand(a, b)
+        if a.dtype.kind == "f" and b.dtype.kind != "f":  # int tensor * 0.5 -> default float, as PyTorch
+            b = b.cast(a.dtype)
     elif not isinstance(b, Tensor):
         b = _as_operand(b, a)
+        if b.dtype.kind == "f" and a.dtype.kind != "f":
+            a = a.cast(b.dtype)
     if getattr(a, "layout", "dense") != "dense" or getattr(b, "layout", "dense") != "dense":
         raise ShapeError("internal: sparse operands are handled by polygrad.sparse")
     return a, b
@@ -668,7 +673,7 @@ def _normalize_index(index: Any, shape: tuple) -> tuple:
         index = (index,)
     out: list = []
     dim = 0
-    for item in index:
+    for pos, item in enumerate(index):
         if isinstance(item, Tensor):
             item = item.numpy()
         if isinstance(item, list):
@@ -693,13 +698,21 @@ def _normalize_index(index: Any, shape: tuple) -> tuple:
         elif item is None or item is Ellipsis:
             out.append(item)
             if item is Ellipsis:
-                dim = len(shape) - sum(1 for i in index if i is not None and i is not Ellipsis)
+                dim = len(shape) - builtins.sum(_dims_consumed(i) for i in index[pos + 1:])
         elif isinstance(item, slice):
             out.append(item)
             dim += 1
         else:
             raise DTypeError(f"getitem: unsupported index {item!r}")
     return tuple(out)
+
+
+def _dims_consumed(item: Any) -> int:
+    if item is None or item is Ellipsis:
+        return 0
+    if isinstance(item, np.ndarray) and item.dtype == bool:
+        return item.ndim
+    return 1
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
@@ -749,8 +762,7 @@ def matmul(a, b) -> Tensor:
         from .sparse import matmul as sparse_matmul
         return sparse_matmul(a, b)
     a, b = _pair(a, b)
-    from .sparse import maybe_sparsify_for_matmul
-    a_sparse = maybe_sparsify_for_matmul(a, b)
+    a_sparse = _maybe_sparsify(a, b)
     if a_sparse is not None:
         from .sparse import matmul as sparse_matmul
         return sparse_matmul(a_sparse, b)
@@ -758,6 +770,11 @@ def matmul(a, b) -> Tensor:
 
 
 # -- sparse primitives (the pattern rides in attrs; values are a dense 1-D operand) --------------------
+
+def _maybe_sparsify(a: Tensor, b: Tensor):
+    from .sparse import maybe_sparsify_for_matmul
+    return maybe_sparsify_for_matmul(a, b)
+
 
 def spmm(values: Tensor, x: Tensor, pattern) -> Tensor:
     """``A @ X`` for the sparse matrix (pattern, values): touches only A's nonzeros."""

@@ -1,0 +1,70 @@
+"""Datasets for polygrad, as plain numpy arrays.
+
+* :func:`make_moons` — micrograd's two-moons toy problem (``X`` float64 ``[n, 2]``, ``y`` int64).
+* :func:`load_planetoid` — Cora / CiteSeer / PubMed in the standard Planetoid split, assembled
+  exactly as PyTorch Geometric does, read with a restricted unpickler (no scipy needed).
+* :func:`stochastic_block_model` — a small synthetic labelled graph with the same interface,
+  the embedded default for the GCN demo; :func:`random_graph` — large random ``edge_index``
+  for benchmarks.
+* helpers: :class:`CSRMatrix` (features), :class:`GraphDataset`, :func:`row_normalize`,
+  :func:`normalized_adjacency`, :func:`standardize`, :func:`train_test_split`, ...
+
+This package depends only on numpy and :mod:`polygrad.errors`; turning its arrays into polygrad
+tensors is left to the caller.
+"""
+from __future__ import annotations
+
+from .moons import make_moons
+from .planetoid import (
+    PLANETOID_NAMES,
+    PLANETOID_URL,
+    PlanetoidDataset,
+    RestrictedUnpickler,
+    default_cache_dir,
+    download_planetoid,
+    load_planetoid,
+    read_planetoid_file,
+)
+from .preprocess import (
+    CSRMatrix,
+    GraphDataset,
+    coalesce_edge_index,
+    edge_index_to_csr,
+    index_to_mask,
+    normalized_adjacency,
+    remove_self_loops,
+    row_normalize,
+    standardize,
+    to_undirected,
+    train_test_split,
+)
+from .synthetic import random_graph, stochastic_block_model
+
+__all__ = [
+    # toy data
+    "make_moons",
+    "standardize",
+    "train_test_split",
+    # Planetoid
+    "load_planetoid",
+    "download_planetoid",
+    "read_planetoid_file",
+    "PlanetoidDataset",
+    "RestrictedUnpickler",
+    "PLANETOID_NAMES",
+    "PLANETOID_URL",
+    "default_cache_dir",
+    # synthetic graphs
+    "stochastic_block_model",
+    "random_graph",
+    # containers and preprocessing
+    "CSRMatrix",
+    "GraphDataset",
+    "row_normalize",
+    "normalized_adjacency",
+    "index_to_mask",
+    "remove_self_loops",
+    "coalesce_edge_index",
+    "to_undirected",
+    "edge_index_to_csr",
+]
