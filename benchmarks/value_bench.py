@@ -23,8 +23,8 @@ Two regimes are measured side by side in one run:
 
 Targets: polygrad / micrograd <= 0.15 as shipped and <= 0.8 with GC off.
 
-Extension hook: the lead will add "Tensor MLP step on numpy" and "dispatch overhead" sections.
-Append a ``section(quick: bool) -> {"rows": [...], "summary": {...}}`` function to
+Two more sections come from ``benchmarks/tensor_step.py``: the same step on Tensors (numpy backend,
+target <= 1 ms) and the per-op dispatch overhead.  Extension hook: append a ``section(quick: bool) -> {"rows": [...], "summary": {...}}`` function to
 :data:`EXTRA_SECTIONS` (from this module or one imported here); its rows are appended to the table
 and its summary merged into the summary (keys should be prefixed with the section name).
 """
@@ -42,6 +42,16 @@ from benchmarks._harness import optional_import, register, skipped_row
 
 #: Extra sections appended to this benchmark: ``fn(quick) -> {"rows": [...], "summary": {...}}``.
 EXTRA_SECTIONS: list[Callable[[bool], dict]] = []
+
+
+def _tensor_sections(quick: bool) -> dict:
+    from benchmarks.tensor_step import dispatch_overhead, moons_tensor_step
+    out = moons_tensor_step(quick)
+    extra = dispatch_overhead(quick)
+    return {"rows": out["rows"] + extra["rows"], "summary": {**out["summary"], **extra["summary"]}}
+
+
+EXTRA_SECTIONS.append(_tensor_sections)
 
 TARGET_AS_SHIPPED = 0.15
 TARGET_GC_OFF = 0.8
