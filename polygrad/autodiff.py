@@ -16,7 +16,8 @@ from .dispatch import _grad_enabled, registry
 from .errors import GraphError, ShapeError
 from .graph import toposort
 from .ops import Op
-from .value import Value, backward_many
+from .value import Value
+from .value import _run as value_run
 from .value import _toposort as value_toposort
 
 if TYPE_CHECKING:
@@ -74,17 +75,19 @@ def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -
 
     from .tensor import tensor_from_numpy
 
-    values = [o for o in outs if isinstance(o, Value)]
-    order = value_toposort(values)
+    seeds = g._be.to_numpy(g._data).ravel().tolist()
+    pairs = [(o, s) for o, s in zip(outs, seeds) if isinstance(o, Value)]
+    # Value.backward semantics (micrograd: grads accumulate), on a decomposition reset first
+    order = value_toposort([o for o, _ in pairs])
     for v in order:
         v.grad = 0
     for items in leaves:
         for v in items:
             if isinstance(v, Value):
                 v.grad = 0
-    seeds = g._be.to_numpy(g._data).ravel().tolist()
-    pairs = [(o, s) for o, s in zip(outs, seeds) if isinstance(o, Value)]
-    backward_many([o for o, _ in pairs], [s for _, s in pairs])
+    for o, s in pairs:
+        o.grad += float(s)
+    value_run(order)
     grads = []
     for items, inp in zip(leaves, inputs):
         if not inp.requires_grad or (items and not isinstance(items[0], Value)):

@@ -27,12 +27,13 @@ from . import reference
 from .config import config
 from .errors import BackendError, FallbackWarning, MixedBackendError, PolygradError
 from .graph import Node
-from .inference import infer
+from .inference import _RULES as _infer_rules
 from .ops import NON_DIFFERENTIABLE, SPARSE, Op
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
 _events = registry.events
+_tables = registry.tables
 EMPTY: dict = {}
 _make_tensor: Any = None  # Tensor._make, bound by polygrad.tensor (which imports this module)
 
@@ -109,9 +110,17 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     This is the hot path of every op: keep it free of generator expressions and extra calls."""
     first = inputs[0]
     be = first._be
-    if len(inputs) == 1:
-        shapes, dtypes, arrays = (first.shape,), (first.dtype,), [first._data]
+    n = len(inputs)
+    if n == 1:
+        shapes, dtypes, arrays = (first.shape,), (first.dtype,), (first._data,)
         needs_grad = first.requires_grad
+    elif n == 2:
+        second = inputs[1]
+        if second._be is not be:
+            raise _mixed(op, inputs)
+        shapes, dtypes = (first.shape, second.shape), (first.dtype, second.dtype)
+        arrays = (first._data, second._data)
+        needs_grad = first.requires_grad or second.requires_grad
     else:
         shapes, dtypes, arrays = [], [], []
         needs_grad = False
@@ -123,10 +132,10 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             arrays.append(t._data)
             needs_grad = needs_grad or t.requires_grad
         shapes, dtypes = tuple(shapes), tuple(dtypes)
-    shape, dtype = infer(op, shapes, dtypes, attrs)
+    shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
     scalar = None
     try:
-        kernel = registry.tables[be.name].get((op, layout))
+        kernel = _tables[be.name].get((op, layout))
         if kernel is None:
             out = run_kernel(be, op, layout, arrays, attrs, shape, dtype)
         else:
@@ -134,7 +143,9 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             if be.shape(out) != shape or be.dtype(out) != dtype:
                 raise KernelFault(f"kernel for op '{op}' on backend {be.name!r} ({layout}) returned "
                                   f"shape {be.shape(out)} dtype {be.dtype(out)}, expected {shape} {dtype}")
-    except PolygradError:
+    except KernelFault as exc:  # an output contradicting the inference: a kernel fault
+        out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
+    except PolygradError:  # raised on purpose (e.g. a kernel's own validation): the user's to see
         raise
     except Exception as exc:  # noqa: BLE001 - any kernel fault goes to the fallback policy
         out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
@@ -195,15 +206,16 @@ def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtyp
         except Exception as alt_exc:  # noqa: BLE001 - this link failed too: report, try the next
             report_fallback(op, alt, layout, alt_exc)
             continue
-    decomposition = scalar_decompose(op, inputs, attrs, shape, exc, be, layout,
-                                     want_grad=_grad_enabled.get() and op not in NON_DIFFERENTIABLE)
+    # Values only where a node will be recorded (the same condition as in apply)
+    want_grad = dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get()
+    decomposition = scalar_decompose(op, inputs, attrs, shape, exc, be, layout, want_grad=want_grad)
     try:
         out = be.from_numpy(np.asarray(reference.data_of(decomposition[1]), dtype=dtype).reshape(shape))
     except Exception as conv_exc:  # noqa: BLE001 - e.g. a Python int that overflows the dtype
         raise BackendError(f"op '{op}' failed on backend {be.name!r} ({layout}) with "
                            f"{type(exc).__name__}: {exc}; its scalar decomposition could not be "
                            f"converted to {dtype} {shape}: {type(conv_exc).__name__}: {conv_exc}") from exc
-    if not (_grad_enabled.get() and op not in NON_DIFFERENTIABLE and any(t.requires_grad for t in inputs)):
+    if not (want_grad and any(t.requires_grad for t in inputs)):
         decomposition = None  # no node will be recorded: keep no Values alive
     return out, decomposition
 

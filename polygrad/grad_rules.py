@@ -95,7 +95,11 @@ def _keepdims(g, node):
 
 
 def _sum(node, out, g):
-    return (_keepdims(g, node).expand(node.inputs[0].shape),)
+    shape = node.inputs[0].shape
+    axes = node.attrs["axes"]
+    if not node.attrs["keepdims"] and axes != tuple(range(len(axes))):
+        g = _keepdims(g, node)  # reduced axes not leading: put them back as size 1 first
+    return (g.expand(shape),)
 
 
 def _max(node, out, g):

@@ -69,6 +69,8 @@ class Registry:
         self._priorities: dict[tuple[str, Op, str, str], int] = {}
         #: event hook callers, None when no plugin implements them (so firing costs one check)
         self.events: dict[str, Any] = dict.fromkeys(EVENT_HOOKS)
+        #: plugin name -> names of the backends it provided (removed again by unregister_plugin)
+        self._provided: dict[str, list[str]] = {}
         self._lock = threading.RLock()
         self.loaded = False
 
@@ -78,8 +80,17 @@ class Registry:
             if self.loaded:
                 return
             self.loaded = True
-            for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-                origin = ep.dist.name if getattr(ep, "dist", None) is not None else "<unknown>"
+            try:
+                eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+            except Exception as exc:  # noqa: BLE001 - broken metadata on sys.path must not break us
+                self.entries.setdefault("<entry points>", _Entry("<entry points>", "<unknown>", error=(
+                    f"could not read the entry points of group {ENTRY_POINT_GROUP!r}: {_describe(exc)}")))
+                return
+            for ep in eps:
+                try:
+                    origin = ep.dist.name if getattr(ep, "dist", None) is not None else "<unknown>"
+                except Exception:  # noqa: BLE001 - unreadable METADATA
+                    origin = "<unknown>"
                 try:
                     plugin = ep.load()
                 except BaseException as exc:  # noqa: BLE001 - a broken plugin must not break us
@@ -91,7 +102,11 @@ class Registry:
                 self.register_plugin(plugin, name=ep.name, origin=origin)
 
     def register_plugin(self, plugin: Any, name: str | None = None, origin: str = "<runtime>") -> None:
-        """Register a plugin object (module or instance with hookimpls) at runtime."""
+        """Register a plugin object (module or instance with hookimpls) at runtime.
+
+        A plugin that pluggy rejects, or whose registration hooks raise or return something that
+        is not a Backend / KernelOverride, is recorded as failed (``pg.list_backends()``) and
+        unregistered again, so none of its hooks -- event hooks included -- ever runs."""
         with self._lock:
             name = name or getattr(plugin, "__name__", None) or repr(plugin)
             if self.pm.is_registered(plugin) or self.pm.has_plugin(name):
@@ -101,12 +116,25 @@ class Registry:
             except Exception as exc:  # e.g. a hookimpl with an unknown hook name
                 self.entries.setdefault(name, _Entry(name, origin, error=f"failed to register: {_describe(exc)}"))
                 return
-            self._collect(plugin, name, origin)
+            try:
+                self._collect(plugin, name, origin)
+            except BaseException as exc:  # noqa: BLE001 - isolate the plugin, keep loading the others
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self.pm.unregister(plugin)
+                self.entries.setdefault(name, _Entry(name, origin, error=f"raised in registration: {_describe(exc)}"))
             self._refresh_events()
 
     def unregister_plugin(self, plugin: Any) -> None:
+        """Unregister a plugin: its hooks stop firing and the backends it provided are removed."""
         with self._lock:
             if self.pm.is_registered(plugin):
+                for bname in self._provided.pop(self.pm.get_name(plugin), ()):
+                    self.entries.pop(bname, None)
+                    self.tables.pop(bname, None)
+                    self.vjp_tables.pop(bname, None)
+                    for key in [k for k in self._priorities if k[0] == bname]:
+                        del self._priorities[key]
                 self.pm.unregister(plugin)
             self._refresh_events()
 
@@ -117,34 +145,38 @@ class Registry:
         return list(impl() or [])
 
     def _collect(self, plugin: Any, name: str, origin: str) -> None:
-        try:
-            backends = self._call_own_hook(plugin, "polygrad_backends")
-            overrides = self._call_own_hook(plugin, "polygrad_kernels")
-        except Exception as exc:
-            self.entries.setdefault(name, _Entry(name, origin, error=f"raised in registration: {_describe(exc)}"))
-            return
+        """Call the plugin's registration hooks and install what they return.
+
+        Everything is validated and staged before anything is installed, so a plugin that fails
+        half way leaves no partial kernel table behind; the caller records the failure."""
+        backends = self._call_own_hook(plugin, "polygrad_backends")
+        overrides = self._call_own_hook(plugin, "polygrad_kernels")
+        staged = []
         for backend in backends:
             bname = getattr(backend, "name", "")
-            if not isinstance(backend, Backend) or not bname:
-                self.entries.setdefault(name, _Entry(name, origin, error=(
-                    f"registered {backend!r}, which is not a polygrad.Backend with a name")))
-                continue
+            if not isinstance(backend, Backend) or not bname or not isinstance(bname, str):
+                raise TypeError(f"polygrad_backends returned {backend!r}, which is not a polygrad.Backend "
+                                "with a name")
+            kernels = [(Op(op), layout, k) for (op, layout), k in dict(backend.kernels).items()]
+            vjps = [(Op(op), layout, k) for (op, layout), k in dict(backend.vjp_kernels).items()]
+            staged.append((bname, backend, kernels, vjps))
+        staged_overrides = [(ov, Op(ov.op)) for ov in overrides if isinstance(ov, KernelOverride)]
+        for bname, backend, kernels, vjps in staged:
             if bname in self.entries and self.entries[bname].backend is not None:
                 self.entries[f"{bname} ({origin})"] = _Entry(bname, origin, error=(
                     f"duplicate backend name {bname!r}: already provided by {self.entries[bname].origin}"))
                 continue
             self.entries[bname] = _Entry(bname, origin, backend=backend)
+            self._provided.setdefault(name, []).append(bname)
             table = self.tables.setdefault(bname, {})
-            vjps = self.vjp_tables.setdefault(bname, {})
-            for (op, layout), kernel in backend.kernels.items():
-                self._install(table, bname, Op(op), layout, kernel, 0, "forward")
-            for (op, layout), kernel in backend.vjp_kernels.items():
-                self._install(vjps, bname, Op(op), layout, kernel, 0, "vjp")
-        for ov in overrides:
-            if not isinstance(ov, KernelOverride):
-                continue
+            vjp_table = self.vjp_tables.setdefault(bname, {})
+            for op, layout, kernel in kernels:
+                self._install(table, bname, op, layout, kernel, 0, "forward")
+            for op, layout, kernel in vjps:
+                self._install(vjp_table, bname, op, layout, kernel, 0, "vjp")
+        for ov, op in staged_overrides:
             tables = self.vjp_tables if ov.kind == "vjp" else self.tables
-            self._install(tables.setdefault(ov.backend, {}), ov.backend, Op(ov.op), ov.layout,
+            self._install(tables.setdefault(ov.backend, {}), ov.backend, op, ov.layout,
                           ov.kernel, ov.priority, ov.kind)
 
     def _install(self, table, backend, op, layout, kernel, priority, kind) -> None:
@@ -168,7 +200,9 @@ class Registry:
         try:
             ok = bool(entry.backend.is_available())
             entry.reason = "" if ok else str(entry.backend.unavailable_reason())
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - a broken backend must not break us
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             ok, entry.reason = False, f"is_available() raised {_describe(exc)}"
             entry.error = entry.reason
         entry.available = ok

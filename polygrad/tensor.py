@@ -262,7 +262,7 @@ class Tensor:
         return f"tensor({body}{extra})"
 
 
-dispatch._make_tensor = Tensor._make
+dispatch._make_tensor = _make = Tensor._make
 
 
 def _shape_arg(shape: tuple) -> tuple:
@@ -317,7 +317,7 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
         target = infer_from_data(array.tolist() if array.ndim == 0 else array.dtype.type(0).item())
     if array.dtype.kind not in "fiub":
         raise DTypeError(f"pg.tensor: unsupported dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=target)
+    array = np.ascontiguousarray(array, dtype=target).reshape(array.shape)  # keeps 0-d tensors 0-d
     t = tensor_from_numpy(array, be)
     if requires_grad:
         t.requires_grad_(True)
@@ -381,6 +381,12 @@ def _as_operand(x: Any, like: Tensor) -> Tensor:
     """A Python number / numpy array as a constant tensor on ``like``'s backend."""
     if isinstance(x, Tensor):
         return x
+    tx = type(x)
+    if tx is float:  # the common case first: a Python float next to a float tensor
+        dtype = like.dtype if like.dtype.kind == "f" else default_float
+        return _make(like._be.from_numpy(np.asarray(x, dtype=dtype)), like._be, (), dtype)
+    if tx is int and like.dtype.kind in "fi":
+        return _make(like._be.from_numpy(np.asarray(x, dtype=like.dtype)), like._be, (), like.dtype)
     if isinstance(x, (bool, np.bool_)):
         dtype = bool_ if like.dtype == bool_ else like.dtype
     elif isinstance(x, Number) and not isinstance(x, (int, np.integer)):
@@ -772,8 +778,10 @@ def matmul(a, b) -> Tensor:
 # -- sparse primitives (the pattern rides in attrs; values are a dense 1-D operand) --------------------
 
 def _maybe_sparsify(a: Tensor, b: Tensor):
-    from .sparse import maybe_sparsify_for_matmul
-    return maybe_sparsify_for_matmul(a, b)
+    from . import sparse  # sparse imports tensor: bind lazily, once
+    global _maybe_sparsify
+    _maybe_sparsify = sparse.maybe_sparsify_for_matmul
+    return _maybe_sparsify(a, b)
 
 
 def spmm(values: Tensor, x: Tensor, pattern) -> Tensor:
