@@ -54,10 +54,12 @@ def unbroadcast(g: "Tensor", shape: tuple) -> "Tensor":
     lead = g.ndim - len(shape)
     if lead < 0:
         raise ShapeError(f"internal: gradient of shape {g.shape} cannot reduce to {shape}")
-    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True)
-    return g.reshape(shape) if g.shape != shape else g
+    if lead:  # summing the extra leading axes away needs no reshape afterwards
+        g = g.sum(axis=tuple(range(lead)))
+    ones = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if ones:
+        g = g.sum(axis=ones, keepdims=True)
+    return g
 
 
 def _scalar_vjp(node, out: "Tensor", g: "Tensor") -> tuple:

@@ -62,6 +62,8 @@ def _add(node, out, g):
 
 def _mul(node, out, g):
     a, b = node.inputs
+    if a is b:  # x * x: one gradient, no accumulation of two halves
+        return (g * a * 2, None)
     na, nb = _needs(node)
     return (g * b if na else None, g * a if nb else None)
 
