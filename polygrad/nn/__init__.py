@@ -1,0 +1,27 @@
+"""polygrad.nn: modules, layers, the GCN, losses and gradient utilities.
+
+    import polygrad as pg
+    from polygrad import nn
+
+    model = nn.MLP(2, [16, 16, 1])                  # micrograd's signature, on tensors
+    loss = nn.max_margin(model(X), y) + 1e-4 * nn.l2_penalty(model.parameters())
+
+    gcn = nn.GCN(dataset.num_features, 16, dataset.num_classes)
+    logits = gcn(features, edge_index)              # edge_index [2, E] or a sparse adjacency
+    loss = nn.cross_entropy(logits, labels, mask=train_mask)
+"""
+from __future__ import annotations
+
+from . import init, utils
+from .gcn import GCN, GCNConv, csr_to_tensor
+from .layers import MLP, Dropout, Identity, Linear, ReLU, Sequential, Sigmoid, Tanh, dropout
+from .losses import accuracy, cross_entropy, hinge, l2_penalty, max_margin, mse
+from .module import Module
+from .utils import clip_grad_norm_, grad_norm
+
+__all__ = [
+    "Module", "Linear", "MLP", "Dropout", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential",
+    "GCNConv", "GCN", "csr_to_tensor", "dropout",
+    "cross_entropy", "mse", "max_margin", "hinge", "l2_penalty", "accuracy",
+    "clip_grad_norm_", "grad_norm", "init", "utils",
+]

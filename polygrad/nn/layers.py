@@ -1,0 +1,182 @@
+"""Dense layers: Linear, MLP (incl. micrograd's ``MLP(nin, nouts)``), Dropout, activations, Sequential."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+import polygrad as pg
+from polygrad.tensor import rng as _rng
+from polygrad.errors import ShapeError
+from polygrad.tensor import Tensor
+
+from . import init as _init
+from .module import Module
+
+__all__ = ["Linear", "MLP", "Dropout", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential", "dropout",
+           "as_input"]
+
+
+def as_input(x: Any, like: Tensor) -> Tensor:
+    """``x`` as a tensor on ``like``'s backend (lists / arrays get ``like``'s dtype, as micrograd takes lists)."""
+    if isinstance(x, Tensor):
+        return x
+    return pg.tensor(np.asarray(x, dtype=like.dtype), backend=like.backend)
+
+
+class Linear(Module):
+    """``y = x @ W + b`` with ``W`` of shape ``[in_features, out_features]``.
+
+    ``init``: "glorot" (default, Xavier uniform), "micrograd" (U(-1, 1) weights, zero bias, as
+    micrograd's ``Neuron``), "kaiming", or a callable ``fn(shape) -> array``.  Biases start at 0.
+    ``x`` may be dense ``[..., in]`` or a sparse ``[N, in]`` matrix (then ``x @ W`` is an SpMM).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 init: "str | Callable[..., Any]" = "glorot", dtype: Any = None, backend: Any = None):
+        if in_features < 0 or out_features < 0:
+            raise ShapeError(f"Linear: feature sizes must be >= 0, got {in_features} -> {out_features}")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.weight = _init.make(init, (self.in_features, self.out_features), dtype, backend)
+        self.bias = _init.zeros((self.out_features,), dtype, backend) if bias else None
+
+    def forward(self, x: Any) -> Tensor:
+        x = as_input(x, self.weight)
+        if not x.shape or x.shape[-1] != self.in_features:
+            raise ShapeError(f"Linear({self.in_features} -> {self.out_features}): input of shape "
+                             f"{x.shape} ({getattr(x, 'layout', 'dense')}) must end in {self.in_features}")
+        y = x @ self.weight
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}"
+
+
+class ReLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.relu()
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.tanh()
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.sigmoid()
+
+
+class Identity(Module):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+_ACTIVATIONS: dict[str, Callable[[], Module]] = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid,
+                                                 "identity": Identity, "none": Identity}
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Inverted dropout: zero each entry with probability ``p``, scale the rest by ``1/(1-p)``.
+
+    On a sparse tensor only its stored values are dropped; the pattern is kept (Kipf & Welling's
+    sparse dropout on the input features), so the result stays sparse and cheap.  Draws from
+    polygrad's seeded generator.  Identity when not ``training`` or ``p == 0``.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    sparse = getattr(x, "layout", "dense") != "dense"
+    target = x.values if sparse else x
+    if target.dtype.kind != "f":
+        raise pg.errors.DTypeError(f"dropout needs a floating tensor, got {target.dtype}")
+    keep = _rng().random(target.shape) >= p
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    mask = pg.tensor((keep * scale).astype(target.dtype), backend=target.backend)
+    if not sparse:
+        return x * mask
+    return x.with_values(x.values * mask)  # same pattern, dropped values (differentiable)
+
+
+class Dropout(Module):
+    """Dropout layer (active in ``train()`` mode only).  Works on dense and sparse inputs."""
+
+    def __init__(self, p: float = 0.5):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Sequential(Module):
+    """Modules applied in order: ``Sequential(Linear(2, 16), ReLU(), Linear(16, 1))``."""
+
+    def __init__(self, *modules: Module):
+        if len(modules) == 1 and isinstance(modules[0], (list, tuple)):
+            modules = tuple(modules[0])
+        for m in modules:
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential takes Modules, got {type(m).__name__}")
+        self.layers = list(modules)
+
+    def forward(self, x: Any) -> Any:
+        for m in self.layers:
+            x = m(x)
+        return x
+
+    def __getitem__(self, i: int) -> Module:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+
+class MLP(Module):
+    """A multi-layer perceptron with micrograd's signature: ``MLP(nin, nouts)``.
+
+    ``MLP(2, [16, 16, 1])`` is micrograd's moons model: Linear(2, 16) -> ReLU -> Linear(16, 16)
+    -> ReLU -> Linear(16, 1) (the last layer is linear, as micrograd's ``nonlin=i!=len(nouts)-1``).
+    It runs on batches: input ``[N, nin]`` (or one sample ``[nin]``, or a list of floats) gives
+    ``[N, nouts[-1]]``.  ``init="micrograd"`` reproduces micrograd's U(-1, 1) weights; the default
+    is Glorot.  ``dropout`` > 0 adds Dropout after every hidden activation.
+    """
+
+    def __init__(self, nin: int, nouts: Sequence[int] | int, activation: str = "relu",
+                 init: "str | Callable[..., Any]" = "glorot", bias: bool = True, dropout: float = 0.0,
+                 dtype: Any = None, backend: Any = None):
+        sizes = [int(nin)] + ([int(nouts)] if isinstance(nouts, (int, np.integer)) else [int(n) for n in nouts])
+        if len(sizes) < 2:
+            raise ShapeError("MLP: nouts must name at least one layer size")
+        act = _ACTIVATIONS.get(activation)
+        if act is None:
+            raise ValueError(f"MLP: unknown activation {activation!r}; choose one of {sorted(_ACTIVATIONS)}")
+        self.sizes = sizes
+        self.activation = activation
+        self.dropout = float(dropout)
+        self.layers = [Linear(sizes[i], sizes[i + 1], bias=bias, init=init, dtype=dtype, backend=backend)
+                       for i in range(len(sizes) - 1)]
+        self._act = act()
+        self._drop = Dropout(self.dropout) if self.dropout > 0 else None
+
+    def forward(self, x: Any) -> Tensor:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i != last:
+                x = self._act(x)
+                if self._drop is not None:
+                    x = dropout(x, self.dropout, self.training)
+        return x
+
+    def extra_repr(self) -> str:
+        return f"sizes={self.sizes}, activation={self.activation!r}"

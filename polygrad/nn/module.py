@@ -1,0 +1,197 @@
+"""``Module``: the container every layer and model derives from.
+
+Parameters and sub-modules are *discovered*, not registered: a module's parameters are the public
+attributes (in assignment order) that are leaf tensors with ``requires_grad=True``, plus those of
+its sub-modules and of lists/tuples/dicts of modules or tensors.  Public tensors that do not
+require grad are *buffers*: saved in ``state_dict`` but never optimised.  Attributes whose names
+start with ``_`` are private (caches such as GCNConv's normalised adjacency) and are skipped, so
+they never leak into ``parameters()`` or a checkpoint.
+
+This keeps micrograd's feel -- a model is a plain Python object with tensors on it, no
+``super().__init__()`` bookkeeping needed -- while giving PyTorch's conveniences
+(``named_parameters``, ``train()/eval()``, ``state_dict()/load_state_dict()``).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+import polygrad as pg
+from polygrad.errors import CheckpointError, ShapeError
+from polygrad.tensor import Tensor
+
+__all__ = ["Module"]
+
+
+def _is_parameter(value: Any) -> bool:
+    return isinstance(value, Tensor) and value.requires_grad and value.is_leaf
+
+
+def _children(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """(qualified name, item) for the modules / tensors directly inside one attribute value."""
+    if isinstance(value, (Module, Tensor)):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if isinstance(item, (Module, Tensor)):
+                yield f"{prefix}.{i}", item
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and isinstance(item, (Module, Tensor)):
+                yield f"{prefix}.{key}", item
+
+
+def _load_sparse(name: str, target: Any, value: Any) -> None:
+    """Load into a sparse parameter/buffer: same pattern required; only the values are replaced."""
+    if getattr(value, "layout", "dense") == "dense" or not value.pattern.same_as(target.pattern):
+        raise ShapeError(f"load_state_dict: {name!r} is sparse ({target.shape}, nnz={target.nnz}) and needs "
+                         f"a sparse value with the same pattern, got {getattr(value, 'shape', type(value))}")
+    values = pg.tensor(np.array(value.values.numpy(), dtype=target.dtype), backend=target.backend)
+    target.values.data = values
+
+
+class Module:
+    """Base class of layers and models: override ``forward``; call the module to run it."""
+
+    #: train mode (dropout active) by default, like PyTorch; toggled by train()/eval()
+    training: bool = True
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    # -- discovery ----------------------------------------------------------------------------------
+    def _items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        """Every (qualified name, Module | Tensor) reachable from this module, depth first."""
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue
+            for qual, item in _children(value, prefix + name):
+                yield qual, item
+                if isinstance(item, Module):
+                    yield from item._items(qual + ".")
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """This module (name ``prefix``) and every sub-module, depth first."""
+        yield prefix, self
+        for name, item in self._items(prefix + "." if prefix else ""):
+            if isinstance(item, Module):
+                yield name, item
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+        """(qualified name, tensor) of every parameter; a tensor shared by two attributes appears once."""
+        seen: set[int] = set()
+        for name, item in self._items():
+            if _is_parameter(item) and id(item) not in seen:
+                seen.add(id(item))
+                yield name, item
+
+    def parameters(self) -> list[Tensor]:
+        """The parameters as a list (micrograd's ``model.parameters()``)."""
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
+        """Public tensors that are not parameters (saved in ``state_dict``, never optimised)."""
+        seen: set[int] = set()
+        for name, item in self._items():
+            if isinstance(item, Tensor) and not _is_parameter(item) and id(item) not in seen:
+                seen.add(id(item))
+                yield name, item
+
+    def num_parameters(self) -> int:
+        return sum(p.numel for p in self.parameters())
+
+    # -- modes and gradients ------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Drop every parameter's gradient (the next backward() starts from zero)."""
+        for p in self.parameters():
+            p.grad = None
+
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            m.training = bool(mode)
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        """``{qualified name: detached tensor}`` for parameters, then buffers.
+
+        The tensors share storage with the module's; polygrad's optimizers and
+        ``load_state_dict`` replace a parameter's storage rather than writing into it, so a
+        state dict taken earlier keeps the values it was taken with.
+        """
+        out: dict[str, Tensor] = {name: p.detach() for name, p in self.named_parameters()}
+        for name, b in self.named_buffers():
+            out.setdefault(name, b.detach())
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Copy values from ``state`` (tensors or arrays) into this module's parameters and buffers.
+
+        Values are converted to each target's dtype and backend.  ``strict`` (default) raises
+        :class:`~polygrad.errors.CheckpointError` naming missing and unexpected keys; a shape
+        mismatch is always a :class:`~polygrad.errors.ShapeError` naming the key.
+        """
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"load_state_dict expects a mapping of names to tensors, got "
+                                  f"{type(state).__name__}")
+        targets = dict(self.named_parameters())
+        for name, b in self.named_buffers():
+            targets.setdefault(name, b)
+        missing = [k for k in targets if k not in state]
+        unexpected = [k for k in state if k not in targets]
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"load_state_dict into {type(self).__name__}: missing keys {missing}, "
+                                  f"unexpected keys {unexpected}")
+        for name, target in targets.items():
+            if name not in state:
+                continue
+            value = state[name]
+            if getattr(target, "layout", "dense") != "dense":
+                _load_sparse(name, target, value)
+                continue
+            if isinstance(value, Tensor):
+                array = value.to_dense().numpy() if getattr(value, "layout", "dense") != "dense" else value.numpy()
+            else:
+                try:
+                    array = np.asarray(value)
+                except Exception as exc:  # noqa: BLE001 - anything unconvertible is a bad checkpoint
+                    raise CheckpointError(f"load_state_dict: entry {name!r} is not array-like: {exc}") from None
+                if array.dtype.kind not in "fiub":
+                    raise CheckpointError(f"load_state_dict: entry {name!r} has dtype {array.dtype}")
+            if tuple(array.shape) != target.shape:
+                raise ShapeError(f"load_state_dict: {name!r} has shape {tuple(array.shape)} in the state "
+                                 f"but {target.shape} in {type(self).__name__}")
+            target.data = pg.tensor(np.array(array, dtype=target.dtype), backend=target.backend)
+
+    def __repr__(self) -> str:
+        lines = [type(self).__name__ + "("]
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, Module):
+                body = repr(value).replace("\n", "\n  ")
+                lines.append(f"  ({name}): {body}")
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Module) for v in value):
+                for i, v in enumerate(value):
+                    body = repr(v).replace("\n", "\n  ")
+                    lines.append(f"  ({name}.{i}): {body}")
+        extra = self.extra_repr()
+        if len(lines) == 1:
+            return f"{type(self).__name__}({extra})"
+        if extra:
+            lines.insert(1, f"  {extra}")
+        return "\n".join(lines) + "\n)"
+
+    def extra_repr(self) -> str:
+        return ""

@@ -1,0 +1,282 @@
+"""The optimizer base class: parameter groups, per-parameter state, a learning-rate schedule hook.
+
+Updates are written once, as arithmetic on "numbers" (``+ - * /`` and :meth:`Optimizer._sqrt`),
+and run on one of two carriers, chosen per parameter:
+
+* the parameter's **raw backend array** when that array speaks the Python array API
+  (``__array_namespace__``: numpy, cupy): no dispatch, no graph, a few microseconds per update.
+  The new array *replaces* the parameter's storage; nothing is written in place, so state dicts
+  taken earlier and arrays a user passed to ``pg.tensor`` are never modified;
+* **polygrad tensors** under ``pg.no_grad()`` for any other backend (scalar, third-party),
+  assigned through ``p.data = new``: slower, but correct on every backend.
+
+Sparse gradients: a gradient stored sparse is densified for a dense parameter; a sparse parameter
+(a sparse tensor whose values are optimised) is updated through its stored values, so its
+pattern never changes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+import polygrad as pg
+from polygrad.errors import CheckpointError, DTypeError
+from polygrad.tensor import Tensor
+
+__all__ = ["Optimizer", "ParamGroup"]
+
+ParamGroup = dict[str, Any]
+Schedule = Callable[[int], float]
+
+
+def _is_sparse(t: Any) -> bool:
+    return getattr(t, "layout", "dense") != "dense"
+
+
+def _leaf_of(p: Tensor) -> Tensor:
+    """The dense tensor whose numbers the update changes (a sparse parameter's values)."""
+    return p.values if _is_sparse(p) else p
+
+
+class Optimizer:
+    """Base class: holds ``param_groups`` (dicts with "params" and hyper-parameters) and ``state``.
+
+    ``params``: an iterable of tensors, of dicts ``{"params": [...], **overrides}`` (groups with
+    their own hyper-parameters, e.g. weight decay on the first layer only), or a Module.
+    ``lr_schedule``: a callable of the step number (0 for the first ``step()``) returning a
+    *multiplier* of each group's ``lr`` (PyTorch's LambdaLR convention); with ``lr=1.0`` it is
+    the learning rate itself, e.g. micrograd's ``lambda k: 1.0 - 0.9 * k / 100``.
+    """
+
+    #: hyper-parameters every group gets (subclasses extend)
+    defaults: dict[str, Any] = {}
+
+    def __init__(self, params: Any, defaults: dict[str, Any], lr_schedule: Schedule | None = None):
+        if lr_schedule is not None and not callable(lr_schedule):
+            raise TypeError(f"{type(self).__name__}: lr_schedule must be a callable of the step, "
+                            f"got {type(lr_schedule).__name__}")
+        self.defaults = dict(defaults)
+        self.lr_schedule = lr_schedule
+        self.step_count = 0
+        self.state: dict[int, dict[str, Any]] = {}
+        self.param_groups: list[ParamGroup] = []
+        if hasattr(params, "parameters") and callable(params.parameters):
+            params = params.parameters()
+        items = list(params) if not isinstance(params, Tensor) else [params]
+        if not items:
+            raise ValueError(f"{type(self).__name__} got an empty parameter list")
+        groups = items if all(isinstance(g, Mapping) for g in items) else [{"params": items}]
+        seen: set[int] = set()
+        for group in groups:
+            self.add_param_group(group, _seen=seen)
+
+    # -- groups -------------------------------------------------------------------------------------
+    def add_param_group(self, group: Mapping[str, Any], _seen: set[int] | None = None) -> None:
+        if not isinstance(group, Mapping) or "params" not in group:
+            raise ValueError(f"{type(self).__name__}: a parameter group is a dict with a 'params' key")
+        unknown = set(group) - set(self.defaults) - {"params"}
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown hyper-parameters {sorted(unknown)} "
+                             f"(known: {sorted(self.defaults)})")
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        seen = _seen if _seen is not None else {id(p) for g in self.param_groups for p in g["params"]}
+        for p in params:
+            self._check_param(p)
+            if id(p) in seen:
+                raise ValueError(f"{type(self).__name__}: a parameter of shape {p.shape} appears in "
+                                 "more than one group (or twice in one)")
+            seen.add(id(p))
+        full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": params}
+        self._check_group(full)
+        self.param_groups.append(full)
+
+    def _check_param(self, p: Any) -> None:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{type(self).__name__}: parameters must be polygrad tensors, got "
+                            f"{type(p).__name__}")
+        leaf = _leaf_of(p)
+        if leaf.dtype.kind != "f":
+            raise DTypeError(f"{type(self).__name__}: cannot optimise a {leaf.dtype} tensor of shape {p.shape}")
+        if not (p.requires_grad or leaf.requires_grad) or not leaf.is_leaf:
+            raise ValueError(f"{type(self).__name__}: a parameter of shape {p.shape} is not a leaf tensor "
+                             "with requires_grad=True")
+
+    def _check_group(self, group: ParamGroup) -> None:
+        lr = group.get("lr")
+        if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"{type(self).__name__}: lr must be a finite number >= 0, got {lr!r}")
+        wd = group.get("weight_decay", 0.0)
+        if not isinstance(wd, (int, float)) or not math.isfinite(wd) or wd < 0:
+            raise ValueError(f"{type(self).__name__}: weight_decay must be a finite number >= 0, got {wd!r}")
+
+    # -- the step -------------------------------------------------------------------------------------
+    def lr_factor(self, step: int | None = None) -> float:
+        """The schedule's multiplier for ``step`` (default: the next step)."""
+        if self.lr_schedule is None:
+            return 1.0
+        k = self.step_count if step is None else step
+        factor = float(self.lr_schedule(k))
+        if not math.isfinite(factor) or factor < 0:
+            raise ValueError(f"{type(self).__name__}: lr_schedule({k}) returned {factor}, expected a "
+                             "finite number >= 0")
+        return factor
+
+    def current_lr(self, group: int = 0) -> float:
+        """The learning rate the next ``step()`` uses for ``param_groups[group]``."""
+        return self.param_groups[group]["lr"] * self.lr_factor()
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every group's base learning rate by ``factor`` (used by ``fit``'s rollback)."""
+        for g in self.param_groups:
+            g["lr"] *= factor
+
+    def zero_grad(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+                if _is_sparse(p):
+                    p.values.grad = None
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Update every parameter that has a gradient; returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with pg.enable_grad():
+                loss = closure()
+        factor = self.lr_factor()
+        with pg.no_grad():
+            for group in self.param_groups:
+                lr = group["lr"] * factor
+                for p in group["params"]:
+                    leaf = _leaf_of(p)
+                    grad = p.grad if p.grad is not None else (leaf.grad if leaf is not p else None)
+                    if grad is None:
+                        continue
+                    if _is_sparse(grad):
+                        grad = grad.values if _is_sparse(p) else grad.to_dense()
+                    if grad.shape != leaf.shape:
+                        raise pg.errors.ShapeError(f"{type(self).__name__}: gradient of shape {grad.shape} "
+                                                   f"for a parameter of shape {leaf.shape}")
+                    fast = _fast(leaf) and _fast(grad) and grad.backend == leaf.backend
+                    x = leaf._data if fast else leaf
+                    g = grad._data if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
+                    state = self.state.setdefault(id(p), {})
+                    new = self._update(x, g, lr, group, state, fast)
+                    _write(leaf, new, fast)
+        self.step_count += 1
+        return loss
+
+    def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
+        """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _sqrt(x: Any, fast: bool) -> Any:
+        if fast:
+            return x.__array_namespace__().sqrt(x)
+        return x.sqrt()
+
+    @staticmethod
+    def _zeros_like(x: Any, fast: bool) -> Any:
+        if fast:
+            return x.__array_namespace__().zeros_like(x)
+        return pg.zeros_like(x)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def _params(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Hyper-parameters, step count and per-parameter state (tensors), ready for ``pg.save``.
+
+        Parameters are referred to by their position over all groups, so the state loads into
+        an optimizer built the same way over a freshly built model.
+        """
+        index = {id(p): i for i, p in enumerate(self._params())}
+        groups = []
+        for g in self.param_groups:
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": [index[id(p)] for p in g["params"]]})
+        state = {}
+        for pid, st in self.state.items():
+            if pid not in index:
+                continue
+            p = _leaf_of(self._params()[index[pid]])
+            state[str(index[pid])] = {k: _as_tensor(v, p) for k, v in st.items()}
+        return {"type": type(self).__name__, "step_count": self.step_count, "param_groups": groups,
+                "state": state}
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        try:
+            groups = list(sd["param_groups"])
+            state = dict(sd.get("state", {}))
+            step_count = int(sd.get("step_count", 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: not an optimizer state "
+                                  f"({type(exc).__name__}: {exc})") from None
+        if sd.get("type", type(self).__name__) != type(self).__name__:
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state is from a {sd['type']}")
+        params = self._params()
+        if len(groups) != len(self.param_groups) or any(
+                len(list(a["params"])) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+            raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state has "
+                                  f"{[len(list(g['params'])) for g in groups]} parameters per group, "
+                                  f"this optimizer {[len(g['params']) for g in self.param_groups]}")
+        for saved, group in zip(groups, self.param_groups):
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = tuple(v) if isinstance(group.get(k), tuple) and isinstance(v, list) else v
+        new_state: dict[int, dict[str, Any]] = {}
+        for key, st in state.items():
+            try:
+                p = params[int(key)]
+            except (ValueError, IndexError):
+                raise CheckpointError(f"{type(self).__name__}.load_state_dict: state for unknown "
+                                      f"parameter {key!r}") from None
+            leaf = _leaf_of(p)
+            entry = {}
+            for name, v in dict(st).items():
+                if isinstance(v, (Tensor, np.ndarray)):
+                    arr = v.numpy() if isinstance(v, Tensor) else v
+                    if tuple(arr.shape) != leaf.shape:
+                        raise CheckpointError(f"{type(self).__name__}.load_state_dict: state {name!r} of "
+                                              f"parameter {key} has shape {tuple(arr.shape)}, expected {leaf.shape}")
+                    t = pg.tensor(np.array(arr, dtype=leaf.dtype), backend=leaf.backend)
+                    entry[name] = t._data if _fast(leaf) else t
+                else:
+                    entry[name] = v
+            new_state[id(p)] = entry
+        self.state = new_state
+        self.step_count = step_count
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{{{len(g['params'])} params, "
+                           + ", ".join(f"{k}={v}" for k, v in g.items() if k != "params") + "}"
+                           for g in self.param_groups)
+        return f"{type(self).__name__}({groups})"
+
+
+def _fast(t: Tensor) -> bool:
+    """Whether ``t``'s storage is an array-API array (numpy, cupy) the update can work on directly."""
+    return not _is_sparse(t) and hasattr(t._data, "__array_namespace__")
+
+
+def _write(leaf: Tensor, new: Any, fast: bool) -> None:
+    if not fast:
+        leaf.data = new
+        return
+    if new.dtype != leaf.dtype:
+        new = new.astype(leaf.dtype)
+    leaf._data = new
+
+
+def _as_tensor(v: Any, like: Tensor) -> Any:
+    """Optimizer state for a state dict: arrays and tensors as tensors, numbers as they are."""
+    if isinstance(v, Tensor):
+        return v.detach()
+    if hasattr(v, "__array_namespace__"):
+        return pg.tensor(v, backend=like.backend)
+    return v
