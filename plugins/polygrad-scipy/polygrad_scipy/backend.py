@@ -1,0 +1,73 @@
+"""The ``scipy`` backend: numpy arrays, dense ops on numpy, sparse ops on scipy.sparse.
+
+A complete backend in one small module, written only against polygrad's public plugin API
+(``polygrad.Backend`` and the ``polygrad.ops.Op`` names).  Kernel signatures follow the
+convention in ``polygrad.backend``: ``kernel(*arrays, **attrs) -> array``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import polygrad as pg
+from polygrad.ops import Op
+
+from . import kernels
+
+
+def _reduce(fn):
+    def run(x: np.ndarray, *, axes: tuple, keepdims: bool) -> np.ndarray:
+        return np.asarray(fn(x, axis=axes, keepdims=keepdims))
+    return run
+
+
+def _index_add(src: np.ndarray, *, index: tuple, shape: tuple) -> np.ndarray:
+    out = np.zeros(shape, dtype=src.dtype)
+    np.add.at(out, index, src)  # unbuffered: repeated indices accumulate
+    return out
+
+
+DENSE: dict[Op, Any] = {
+    Op.NEG: np.negative, Op.EXP: np.exp, Op.LOG: np.log, Op.TANH: np.tanh, Op.RECIPROCAL: np.reciprocal,
+    Op.RELU: lambda x: np.maximum(x, x.dtype.type(0)),
+    Op.CAST: lambda x, *, dtype: x.astype(dtype),
+    Op.ADD: np.add, Op.MUL: np.multiply, Op.POW: np.power, Op.MAXIMUM: np.maximum,
+    Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater, Op.GE: np.greater_equal,
+    Op.EQ: np.equal, Op.NE: np.not_equal, Op.WHERE: np.where,
+    Op.SUM: _reduce(np.sum), Op.MAX: _reduce(np.max),
+    Op.RESHAPE: lambda x, *, shape: np.reshape(x, shape),
+    Op.PERMUTE: lambda x, *, perm: np.transpose(x, perm),
+    Op.EXPAND: lambda x, *, shape: np.broadcast_to(x, shape),
+    Op.GETITEM: lambda x, *, index: x[index],
+    Op.INDEX_ADD: _index_add,
+    Op.CONCAT: lambda *xs, axis: np.concatenate(xs, axis=axis),
+    Op.MATMUL: np.matmul,
+}
+
+SPARSE: dict[Op, Any] = {
+    Op.SPMM: kernels.spmm, Op.SDDMM: kernels.sddmm,
+    Op.SEGMENT_SUM: kernels.segment_sum, Op.SEGMENT_MAX: kernels.segment_max,
+}
+
+
+class ScipyBackend(pg.Backend):
+    name = "scipy"
+    description = "numpy arrays; sparse ops on scipy.sparse (polygrad-scipy)"
+    install_hint = "pip install polygrad-scipy"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = {(op, "dense"): fn for op, fn in DENSE.items()}
+        for layout in ("csr", "coo"):  # both layouts share polygrad's canonical CSR storage
+            self.kernels.update({(op, layout): fn for op, fn in SPARSE.items()})
+            self.vjp_kernels[(Op.SPMM, layout)] = kernels.spmm_vjp
+
+    def from_numpy(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_numpy(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)
+
+    def owns(self, array: Any) -> bool:
+        return isinstance(array, np.ndarray)
