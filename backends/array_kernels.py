@@ -17,6 +17,9 @@ from polygrad.ops import Op
 
 #: elements per temporary chunk in sparse kernels (nnz_chunk * F <= this)
 CHUNK_ELEMENTS = 1 << 22
+#: gathered elements per chunk in SpMM / SDDMM: small enough to stay in L2 cache, which measured
+#: 2-3x faster than 4M-element chunks on a 100k-node, 1M-edge, F=64 graph (64K-256K all similar)
+SPARSE_CHUNK_ELEMENTS = 1 << 16
 
 
 def _index_for(xp, index: tuple) -> tuple:
@@ -36,7 +39,8 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         return x.astype(dtype)
 
     def reduce_sum(x, *, axes, keepdims):
-        return x.sum(axis=axes, keepdims=keepdims) if axes else x  # the method skips np.sum's dispatch
+        # the method skips np.sum's dispatch; with no axes only bool/int need it (for the dtype)
+        return x.sum(axis=axes, keepdims=keepdims) if axes or x.dtype.kind in "biu" else x
 
     def reduce_max(x, *, axes, keepdims):
         return x.max(axis=axes, keepdims=keepdims) if axes else x
@@ -77,6 +81,12 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     def concat(*arrays, axis):
         return xp.concatenate(arrays, axis=axis)
 
+    # -- sparse kernels -------------------------------------------------------------------------
+    # Vectorised over nonzeros; the only Python loops run over chunks of whole rows, each chunk
+    # holding at most SPARSE_CHUNK_ELEMENTS gathered elements, so temporaries stay small (and in
+    # cache) whatever nnz is.  Row segments are reduced with ufunc.reduceat in CSR order: no
+    # atomics, results are bitwise reproducible run to run.
+
     def segment_reduce(values, pattern, ufunc, fill):
         indptr, _, _ = pattern_arrays(pattern)
         n = pattern.shape[0]
@@ -94,30 +104,60 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     def segment_max(values, *, pattern):
         return segment_reduce(values, pattern, xp.maximum, 0)
 
+    if xp.__name__ == "numpy":
+        def take(x, idx, out):
+            # indices were range-checked at construction; mode="raise" would buffer ``out``
+            return xp.take(x, idx, axis=0, out=out, mode="clip")
+    else:
+        def take(x, idx, out):
+            return xp.take(x, idx, axis=0, out=out)
+
+    def row_chunks(indptr, n: int, step: int):
+        """(r0, r1, lo, hi): consecutive whole-row blocks of about ``step`` nonzeros each."""
+        r0 = 0
+        while r0 < n:
+            lo = int(indptr[r0])
+            r1 = int(xp.searchsorted(indptr, lo + step, side="right")) - 1
+            r1 = min(max(r1, r0 + 1), n)  # a row longer than step is one chunk on its own
+            yield r0, r1, lo, int(indptr[r1])
+            r0 = r1
+
     def spmm(values, x, *, pattern):
-        indptr, rows, cols = pattern_arrays(pattern)
+        indptr, _, cols = pattern_arrays(pattern)
         squeeze = x.ndim == 1
-        x2 = x.reshape(-1, 1) if squeeze else x
-        n, f = pattern.shape[0], x2.shape[1]
-        dtype = xp.result_type(values.dtype, x2.dtype)
+        n = pattern.shape[0]
+        dtype = xp.result_type(values.dtype, x.dtype)
+        # one contiguous copy in the result dtype when needed: the gather below reads whole rows
+        x2 = xp.ascontiguousarray(x.reshape(-1, 1) if squeeze else x, dtype=dtype)
+        f = x2.shape[1]
         out = xp.zeros((n, f), dtype=dtype)
-        nnz = values.shape[0]
-        if nnz and f:
-            # chunk over whole rows so each row's segment is reduced in one piece
-            step = max(1, CHUNK_ELEMENTS // max(f, 1))
-            r0 = 0
-            while r0 < n:
-                lo = int(indptr[r0])
-                r1 = int(xp.searchsorted(indptr, lo + step, side="right")) - 1
-                r1 = min(max(r1, r0 + 1), n)
-                hi = int(indptr[r1])
-                if hi > lo:
-                    prod = values[lo:hi, None].astype(dtype) * x2[cols[lo:hi]]
-                    starts = indptr[r0:r1] - lo
-                    nonempty = indptr[r0:r1] < indptr[r0 + 1:r1 + 1]
-                    block = xp.add.reduceat(prod, starts[nonempty], axis=0)
-                    out[r0:r1][nonempty] = block
-                r0 = r1
+        if values.shape[0] and f:
+            vals = values.astype(dtype, copy=False)
+            step = max(1, SPARSE_CHUNK_ELEMENTS // f)
+            buf = xp.empty((step, f), dtype=dtype)
+            few_rows = max(1, f // 4)
+            for r0, r1, lo, hi in row_chunks(indptr, n, step):
+                if hi == lo:
+                    continue
+                k = hi - lo
+                block = buf[:k] if k <= step else xp.empty((k, f), dtype=dtype)
+                take(x2, cols[lo:hi], block)                        # X rows of this chunk's nonzeros
+                block *= vals[lo:hi, None]                          # scaled by A's values
+                if r1 - r0 <= few_rows:
+                    # wide F: the chunk spans a few long rows; a contiguous row-vector sum per row
+                    # beats reduceat, whose axis-0 loop is one strided pass per column
+                    ptr = [int(p) - lo for p in indptr[r0:r1 + 1]]
+                    for i in range(r1 - r0):
+                        if ptr[i + 1] > ptr[i]:
+                            block[ptr[i]:ptr[i + 1]].sum(axis=0, out=out[r0 + i])
+                    continue
+                row_ptr = indptr[r0:r1 + 1]
+                nonempty = row_ptr[:-1] < row_ptr[1:]
+                sums = xp.add.reduceat(block, row_ptr[:-1][nonempty] - lo, axis=0)
+                if bool(nonempty.all()):
+                    out[r0:r1] = sums
+                else:
+                    out[r0:r1][nonempty] = sums
         return out.reshape(n) if squeeze else out
 
     def sddmm(p, q, *, pattern):
@@ -125,7 +165,10 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         nnz, f = pattern.nnz, p.shape[1]
         dtype = xp.result_type(p.dtype, q.dtype)
         out = xp.empty((nnz,), dtype=dtype)
-        step = max(1, CHUNK_ELEMENTS // max(f, 1))
+        if f == 0:
+            out[...] = 0
+            return out
+        step = max(1, SPARSE_CHUNK_ELEMENTS // f)
         for lo in range(0, nnz, step):
             hi = min(nnz, lo + step)
             out[lo:hi] = xp.einsum("ij,ij->i", p[rows[lo:hi]], q[cols[lo:hi]])

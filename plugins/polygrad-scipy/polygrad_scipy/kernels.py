@@ -44,6 +44,12 @@ def spmm(values: np.ndarray, x: np.ndarray, *, pattern: Any) -> np.ndarray:
     return np.asarray(out, dtype=dtype)
 
 
+# Break-even densities (at F=16, at F=1433) below which this SpMM beats a dense matmul, measured with
+# `python -m benchmarks sparse` on the project's 2-core machines (17-32% and 6-8%; the low ends kept):
+# polygrad's layout policy uses them instead of the pure-numpy kernels' calibration.
+spmm.polygrad_break_even = (0.17, 0.06)  # type: ignore[attr-defined]
+
+
 def sddmm(p: np.ndarray, q: np.ndarray, *, pattern: Any) -> np.ndarray:
     """``(P @ Q.T)`` at the pattern's nonzeros, in bounded chunks: O(nnz * F) work, O(chunk) memory."""
     rows, cols = pattern.rows, pattern.cols
