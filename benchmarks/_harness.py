@@ -308,13 +308,33 @@ def _jsonable(x: Any) -> Any:
         return str(x)
 
 
+def planetoid_dir():
+    """Folder with the Planetoid files: $POLYGRAD_PLANETOID_DIR, ../shared/data/planetoid beside the
+    checkout, .device_data/planetoid (the GPU machine's carried copy), or the download cache."""
+    from pathlib import Path
+
+    from polygrad.data import find_planetoid_dir
+    repo = Path(__file__).resolve().parents[1]
+    return find_planetoid_dir(repo.parent / "shared" / "data" / "planetoid", repo / ".device_data" / "planetoid")
+
+
+def _current_backend() -> str:
+    import polygrad as pg
+    return pg.get_backend()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description="polygrad benchmarks")
     p.add_argument("name", nargs="?", help="benchmark to run (see --list)")
     p.add_argument("--list", action="store_true", help="list registered benchmarks and exit")
     p.add_argument("--quick", action="store_true", help="fewer steps/repeats (smoke test)")
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--backend", metavar="NAME",
+                   help="polygrad backend the benchmark's tensors are created on (default: numpy)")
     args = p.parse_args(argv)
+    if args.backend:
+        import polygrad as pg
+        pg.set_backend(args.backend)  # BackendUnavailableError names the reason when it cannot run
 
     if args.list or not args.name:
         discover()
@@ -351,6 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "name": bench.name,
         "description": bench.description,
         "quick": args.quick,
+        "backend": _current_backend(),
         "summary": summary,
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),

@@ -37,26 +37,20 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from benchmarks._harness import optional_import, peak_memory_growth, register, skipped_row  # noqa: E402
+from benchmarks._harness import optional_import, peak_memory_growth, planetoid_dir, register, skipped_row  # noqa: E402
 
 TARGET_RATIO = 0.5
 TARGET_MEMORY = 0.10
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _planetoid_dir() -> Path | None:
-    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
-    for c in ([Path(env)] if env else []) + [REPO_ROOT.parent / "shared" / "data" / "planetoid"]:
-        if (c / "ind.cora.graph").is_file():
-            return c
-    return None
 
 
 def _dataset():
     """(dataset, description): Cora, or a synthetic graph with Cora's size and sparsity."""
     from polygrad import data as pdata
 
-    root = _planetoid_dir()
+    root = planetoid_dir()
     if root is not None:
         return pdata.load_planetoid(root, "cora"), "cora"
     # 2708 nodes, 7 classes, 1433 features, ~18 words per node, ~10k directed edges: Cora's shape

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import optional_import, register, skipped_row
+from benchmarks._harness import optional_import, planetoid_dir, register, skipped_row
 
 HBM_BYTES_PER_S = float(os.environ.get("POLYGRAD_GPU_BANDWIDTH", 4.8e12))
 NODES, EDGES, FEATURES = 1_000_000, 10_000_000, 64
@@ -203,13 +203,6 @@ def spmm_section(backend: str, quick: bool) -> tuple[list[dict], dict]:
 
 # -- GCN on Cora ------------------------------------------------------------------------------------
 
-def _planetoid_root() -> str | None:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for c in (os.environ.get("POLYGRAD_PLANETOID_DIR"), os.path.join(here, ".device_data", "planetoid"),
-              os.path.join(os.path.dirname(here), "shared", "data", "planetoid")):
-        if c and os.path.exists(os.path.join(c, "ind.cora.graph")):
-            return c
-    return None
 
 
 def _polygrad_gcn(backend: str, data, epochs: int, sync: _Sync) -> tuple[float, float]:
@@ -322,7 +315,7 @@ def gcn_section(backend: str, quick: bool) -> tuple[list[dict], dict]:
     from polygrad.data import load_planetoid
     from polygrad.registry import resolve
 
-    root = _planetoid_root()
+    root = planetoid_dir()
     if root is None:
         return [skipped_row("", section="gcn", reason="skipped: Cora not found (set POLYGRAD_PLANETOID_DIR "
                                                       "or copy it to .device_data/planetoid)")], {}

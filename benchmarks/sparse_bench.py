@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from benchmarks._harness import optional_import, peak_memory_growth, register, skipped_row
+from benchmarks._harness import optional_import, peak_memory_growth, planetoid_dir, register, skipped_row
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.2
@@ -288,18 +287,12 @@ def section_break_even(quick: bool) -> dict:
 # ---------------------------------------------------------------------------------------------
 # (c) GCN-layer peak memory, sparse vs dense
 # ---------------------------------------------------------------------------------------------
-def _planetoid_dir() -> Path | None:
-    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
-    for c in ([Path(env)] if env else []) + [REPO_ROOT.parent / "shared" / "data" / "planetoid"]:
-        if (c / "ind.cora.graph").exists():
-            return c
-    return None
 
 
 def _cora() -> tuple[np.ndarray, Any, str]:
     """(edge_index, CSR features, name): Cora, or a synthetic graph of Cora's size and sparsity."""
     from polygrad import data as pdata
-    root = _planetoid_dir()
+    root = planetoid_dir()
     if root is not None:
         ds = pdata.load_planetoid(root, "cora")
         return ds.edge_index, ds.x, "cora"

@@ -17,6 +17,7 @@ from .dispatch import is_grad_enabled, reset_stats, stats
 from .dtypes import bool_, default_float, float32, float64, int32, int64
 from .errors import FallbackWarning
 from .hookspecs import hookimpl
+from .interop import from_dlpack
 from .ops import Op, list_ops
 from .registry import get_backend, list_backends, register_plugin, set_backend, unregister_plugin, use_backend
 from .tensor import (
@@ -26,6 +27,9 @@ from .tensor import (
     transpose, unsqueeze, where, zeros, zeros_like, add,
 )
 from .value import Value
+from .monitor import monitor
+from .draw import draw_graph
+from .checkpoint import load, save
 
 __version__ = "0.1.0"
 
@@ -37,10 +41,10 @@ __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
     "argmax", "backward", "bool_", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
     "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
-    "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
+    "from_dlpack", "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",
     "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
     "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
-    "zeros_like", *_sparse_all,
+    "zeros_like", "save", "load", "monitor", "draw_graph", *_sparse_all,
 ]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from . import grad_rules
 from .dispatch import _grad_enabled, registry
-from .errors import GraphError, ShapeError
+from .errors import DTypeError, GraphError, ShapeError
 from .graph import toposort
 from .ops import Op
 from .value import Value
@@ -173,6 +173,7 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
     from .tensor import Tensor
 
     order = toposort(list(roots))
+    vjp_tables, rules = registry.vjp_tables, grad_rules.RULES
     grads: dict[int, Tensor] = {}
     for r, s in zip(roots, seeds):
         grads[id(r)] = grads[id(r)] + s if id(r) in grads else s
@@ -201,9 +202,14 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                 # create_graph: the rule (made of differentiable polygrad ops, each of which falls
                 # back on its own) is the only path whose gradients can be differentiated again --
                 # a scalar decomposition or fused kernel yields constants.
-                in_grads = None if create_graph else _fused_vjp(node, t, g)
+                in_grads = None
+                if not create_graph:
+                    fused = vjp_tables.get(node.backend.name)
+                    if fused and (node.op, node.layout) in fused:
+                        in_grads = _fused_vjp(node, t, g)
                 if in_grads is None:
-                    in_grads = grad_rules.vjp(node, t, g)
+                    rule = rules.get(node.op)
+                    in_grads = rule(node, t, g) if rule is not None else grad_rules.vjp(node, t, g)
             for inp, ig in zip(inputs, in_grads):
                 if ig is None or not inp.requires_grad:
                     continue
@@ -268,6 +274,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
         grad_outputs = [None] * len(outs)
     elif isinstance(grad_outputs, Tensor):
         grad_outputs = [grad_outputs]
+    for x in (*outs, *ins):
+        if not isinstance(x, Tensor):
+            raise DTypeError(f"pg.grad(): outputs and inputs must be polygrad tensors, got {type(x).__name__}")
     for o in outs:
         if not o.requires_grad:
             raise GraphError(f"pg.grad(): an output of shape {o.shape} does not require grad")

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import Counter
@@ -23,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from . import reference
+from . import memory, reference
 from .config import config
-from .errors import BackendError, FallbackWarning, MixedBackendError, PolygradError
+from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from .graph import Node
 from .inference import _RULES as _infer_rules
 from .ops import NON_DIFFERENTIABLE, SPARSE, Op
@@ -189,6 +190,14 @@ def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtyp
     be = inputs[0]._be
     if config.fallback == "raise":
         raise exc
+    need = memory.nbytes(shape, dtype)
+    if not memory.fits(need) and not memory.fits(need, be):
+        # not a kernel fault: the output alone does not fit, so no other backend and no scalar
+        # decomposition could produce it either (and no FallbackWarning for a user's oversize op)
+        try:
+            memory.check(str(op), need, what=f"its {dtype} output of shape {shape}")
+        except MemoryBudgetError as err:
+            raise err from exc
     report_fallback(op, be, layout, exc)
     for alt_name in config.fallback_chain.get(be.name, ()):
         if alt_name == be.name:
@@ -225,8 +234,7 @@ def scalar_cost(op: Op, shapes: tuple, attrs: dict, out_shape: tuple) -> int:
 
     Elements read and written, plus the inner products of the contracting ops, whose work is
     not bounded by their operand sizes (a [n, k] @ [k, m] matmul does n*k*m multiplications)."""
-    def numel(shape) -> int:
-        return int(np.prod(shape, dtype=np.int64))
+    numel = math.prod  # Python ints: no int64 overflow on absurd shapes
 
     size = sum(numel(s) for s in shapes) + numel(out_shape)
     if op == Op.MATMUL:

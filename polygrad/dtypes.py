@@ -32,7 +32,7 @@ def as_dtype(dtype: Any) -> np.dtype:
         return bool_
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError, KeyError) as exc:  # numpy rejects odd specs with any of these
         raise DTypeError(f"unknown dtype {dtype!r}") from exc
     if dt.kind not in "fiub":
         raise DTypeError(f"unsupported dtype {dt} (polygrad supports float, int and bool)")

@@ -6,6 +6,7 @@ dispatch can check each kernel's output against what the op must produce.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -46,9 +47,16 @@ def normalize_axes(op: Op, axis: Any, ndim: int) -> tuple[int, ...]:
     """axis=None -> all axes; ints may be negative; duplicates and out-of-range are errors."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:
+        raise DTypeError(f"op '{op}': axis must be None, an int or a tuple of ints, got {axis!r}")
     out = []
     for a in axes:
+        if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
+            raise DTypeError(f"op '{op}': axis must be None, an int or a tuple of ints, got {axis!r}")
         a = int(a)
         if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
             raise ShapeError(f"op '{op}': axis {a} is out of range for a tensor of {ndim} dims")
@@ -101,12 +109,30 @@ def _reduce(op, shapes, dtypes, attrs):
     out = tuple(1 if i in axes else n for i, n in enumerate(shape) if keepdims or i not in axes)
     if op == Op.SUM and dtype.kind in "bi":
         dtype = int64
+    elif op == Op.SUM and dtype.kind == "u":
+        dtype = np.dtype(np.uint64)  # numpy's accumulator for unsigned ints
     return out, dtype
+
+
+#: the largest dimension numpy can represent (beyond it, allocation code fails in C)
+MAX_DIM = int(np.iinfo(np.intp).max)
+
+
+def check_dims(op: "Op | str", shape: Shape) -> None:
+    """A target shape given by the user: non-negative ints that numpy can represent."""
+    for s in shape:
+        if not 0 <= s <= MAX_DIM:
+            raise ShapeError(f"op '{op}': invalid dimension {s} in shape {tuple(shape)} (dimensions must be "
+                             f"integers in [0, {MAX_DIM}])")
+    # numpy refuses shapes whose nonzero dims multiply past intp, even with another dim 0
+    if math.prod(s for s in shape if s) > MAX_DIM // 16:
+        raise ShapeError(f"op '{op}': shape {tuple(shape)} has more elements than numpy can index")
 
 
 def _reshape(op, shapes, dtypes, attrs):
     new = attrs["shape"]
-    if int(np.prod(new, dtype=np.int64)) != int(np.prod(shapes[0], dtype=np.int64)):
+    check_dims(op, new)
+    if math.prod(new) != math.prod(shapes[0]):
         raise ShapeError(f"op 'reshape': cannot reshape {shapes[0]} into {new}")
     return new, dtypes[0]
 
@@ -120,6 +146,7 @@ def _permute(op, shapes, dtypes, attrs):
 
 def _expand(op, shapes, dtypes, attrs):
     target = attrs["shape"]
+    check_dims(op, target)
     if broadcast_shapes(op, shapes[0], target) != tuple(target):
         raise ShapeError(f"op 'expand': cannot broadcast {shapes[0]} to {target}")
     return target, dtypes[0]
@@ -143,6 +170,7 @@ def _getitem(op, shapes, dtypes, attrs):
 
 def _index_add(op, shapes, dtypes, attrs):
     target = attrs["shape"]
+    check_dims(op, target)
     sel = index_result_shape(op, target, attrs["index"])
     if broadcast_shapes(op, shapes[0], sel) != tuple(sel):
         raise ShapeError(f"op 'index_add': source of shape {shapes[0]} does not fit the selection {sel} "

@@ -218,6 +218,9 @@ class Registry:
 
     def get(self, name: str) -> Backend:
         self.load()
+        if not isinstance(name, str):
+            raise BackendUnavailableError(f"a backend is selected by its name (a str) or a polygrad.Backend, "
+                                          f"got {type(name).__name__} {name!r:.60}")
         entry = self.entries.get(name)
         if entry is None or entry.backend is None and not entry.error:
             known = ", ".join(sorted(e.name for e in self.entries.values() if e.backend is not None))
@@ -243,7 +246,7 @@ def get_backend() -> str:
 def resolve(name: "str | Backend | None" = None) -> Backend:
     if isinstance(name, Backend):
         return name
-    return registry.get(name or get_backend())
+    return registry.get(get_backend() if name is None or (isinstance(name, str) and not name) else name)
 
 
 def set_backend(name: str) -> None:

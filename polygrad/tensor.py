@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 from numbers import Number
 from typing import Any, Iterable, Sequence
 
@@ -16,8 +17,9 @@ import numpy as np
 from . import dispatch
 from .dispatch import apply
 from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
-from .errors import DTypeError, GraphError, ShapeError
-from .inference import normalize_axes
+from . import memory
+from .errors import DTypeError, GraphError, IndexOutOfRangeError, MemoryBudgetError, PolygradError, ShapeError
+from .inference import check_dims, normalize_axes
 from .ops import Op
 from .registry import resolve
 
@@ -111,6 +113,17 @@ class Tensor:
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
         return arr.astype(dtype) if dtype is not None else arr
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        """DLPack export of the backend array (zero-copy for numpy/cupy); see polygrad.interop."""
+        from .interop import dlpack_source
+        if stream is not None:
+            kwargs["stream"] = stream
+        return dlpack_source(self).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        from .interop import dlpack_source
+        return dlpack_source(self).__dlpack_device__()
 
     def tolist(self):
         return self.numpy().tolist()
@@ -265,10 +278,40 @@ class Tensor:
 dispatch._make_tensor = _make = Tensor._make
 
 
-def _shape_arg(shape: tuple) -> tuple:
+def _int_arg(what: str, value: Any) -> int:
+    """``value`` as an int: ints and numpy integers only (a float or a bool is a mistake, not a size)."""
+    if type(value) is int:  # the common case, first (shapes in VJP rules)
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        raise DTypeError(f"{what}: expected an integer, got the bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise DTypeError(f"{what}: expected an integer, got {type(value).__name__} {value!r:.60}") from None
+
+
+def _shape_arg(shape: tuple, what: str = "shape") -> tuple:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(int(s) for s in shape[0])
-    return tuple(int(s) for s in shape)
+        shape = shape[0]
+    return tuple(_int_arg(what, s) for s in shape)
+
+
+def _dim_arg(what: str, dim: Any, ndim: int) -> int:
+    """One axis of a tensor of ``ndim`` dims, negative counting from the end; out of range is an error."""
+    d = _int_arg(what, dim)
+    if not -ndim <= d < ndim:
+        raise ShapeError(f"{what}: dim {d} is out of range for a tensor of {ndim} dims")
+    return d % ndim
+
+
+def _alloc(what: str, shape: tuple, dtype: Any, make):
+    """Run a host allocation of ``shape``/``dtype``, refusing sizes numpy or the memory budget cannot take."""
+    check_dims(what, shape)
+    memory.check(what, memory.nbytes(shape, dtype), what=f"a {np.dtype(dtype)} array of shape {shape}")
+    try:
+        return make()
+    except MemoryError as exc:  # the budget is an estimate: the allocation itself may still fail
+        raise MemoryBudgetError(f"{what}: cannot allocate a {np.dtype(dtype)} array of shape {shape}: {exc}") from None
 
 
 def _floating(t: Tensor) -> Tensor:
@@ -327,7 +370,13 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
 def _filled(shape, value, dtype, requires_grad, backend) -> Tensor:
     shape = _shape_arg(shape) if isinstance(shape, tuple) else _shape_arg((shape,))
     dtype = as_dtype(dtype) if dtype is not None else default_float
-    return tensor(np.full(shape, value, dtype=dtype), requires_grad=requires_grad, backend=backend)
+    try:
+        array = _alloc("pg.full", shape, dtype, lambda: np.full(shape, value, dtype=dtype))
+    except (TypeError, ValueError, OverflowError) as exc:  # a fill value the dtype cannot hold
+        if isinstance(exc, PolygradError):
+            raise
+        raise DTypeError(f"pg.full: cannot fill a {dtype} tensor with {value!r:.60}: {exc}") from None
+    return tensor(array, requires_grad=requires_grad, backend=backend)
 
 
 def zeros(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
@@ -353,10 +402,26 @@ def ones_like(t: Tensor, dtype=None) -> Tensor:
     return ones(t.shape, dtype=dtype or t.dtype, backend=t._be)
 
 
+def _np_arange(start, stop, step) -> np.ndarray:
+    try:
+        return np.arange(start, stop, step)
+    except (ValueError, OverflowError) as exc:  # bounds beyond int64 / float range
+        raise ShapeError(f"pg.arange({start!r}, {stop!r}, {step!r}): {exc}") from None
+
+
 def arange(start, stop=None, step=1, dtype=None, backend=None) -> Tensor:
     if stop is None:
         start, stop = 0, start
-    array = np.arange(start, stop, step)
+    for v in (start, stop, step):
+        if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, (bool, np.bool_)):
+            raise DTypeError(f"pg.arange: start, stop and step must be real numbers, got {v!r:.60}")
+    if step == 0 or step != step:
+        raise ShapeError(f"pg.arange: step must be a non-zero number, got {step!r}")
+    try:
+        count = math.ceil((stop - start) / step)
+    except (OverflowError, ValueError):  # inf or nan bounds
+        raise ShapeError(f"pg.arange: cannot count the values from {start!r} to {stop!r} by {step!r}") from None
+    array = _alloc("pg.arange", (builtins.max(count, 0),), np.float64, lambda: _np_arange(start, stop, step))
     if dtype is None:
         dtype = int64 if array.dtype.kind in "iu" else default_float
     return tensor(array, dtype=dtype, backend=backend)
@@ -365,14 +430,17 @@ def arange(start, stop=None, step=1, dtype=None, backend=None) -> Tensor:
 def rand(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
     """Uniform [0, 1) samples from polygrad's seeded generator (``pg.manual_seed``)."""
     dtype = as_dtype(dtype) if dtype is not None else default_float
-    return tensor(_rng.random(_shape_arg(shape)), dtype=dtype, requires_grad=requires_grad, backend=backend)
+    shape = _shape_arg(shape)
+    array = _alloc("pg.rand", shape, np.float64, lambda: _rng.random(shape))
+    return tensor(array, dtype=dtype, requires_grad=requires_grad, backend=backend)
 
 
 def randn(*shape, dtype=None, requires_grad: bool = False, backend=None) -> Tensor:
     """Standard normal samples from polygrad's seeded generator (``pg.manual_seed``)."""
     dtype = as_dtype(dtype) if dtype is not None else default_float
-    return tensor(_rng.standard_normal(_shape_arg(shape)), dtype=dtype, requires_grad=requires_grad,
-                  backend=backend)
+    shape = _shape_arg(shape)
+    array = _alloc("pg.randn", shape, np.float64, lambda: _rng.standard_normal(shape))
+    return tensor(array, dtype=dtype, requires_grad=requires_grad, backend=backend)
 
 
 # -- operand handling ---------------------------------------------------------------------------------
@@ -381,24 +449,32 @@ def _as_operand(x: Any, like: Tensor) -> Tensor:
     """A Python number / numpy array as a constant tensor on ``like``'s backend."""
     if isinstance(x, Tensor):
         return x
-    tx = type(x)
-    if tx is float:  # the common case first: a Python float next to a float tensor
-        dtype = like.dtype if like.dtype.kind == "f" else default_float
-        return _make(like._be.from_numpy(np.asarray(x, dtype=dtype)), like._be, (), dtype)
-    if tx is int and like.dtype.kind in "fi":
-        return _make(like._be.from_numpy(np.asarray(x, dtype=like.dtype)), like._be, (), like.dtype)
-    if isinstance(x, (bool, np.bool_)):
-        dtype = bool_ if like.dtype == bool_ else like.dtype
-    elif isinstance(x, Number) and not isinstance(x, (int, np.integer)):
-        dtype = like.dtype if like.dtype.kind == "f" else default_float
-    elif isinstance(x, (int, np.integer)):
-        dtype = like.dtype if like.dtype != bool_ else int64
-    else:
-        arr = np.asarray(x)
-        if arr.dtype == object:
-            raise DTypeError(f"cannot use a {type(x).__name__} as a tensor operand")
-        return tensor(arr, backend=like._be)
-    return tensor_from_numpy(np.asarray(x, dtype=dtype), like._be)
+    try:  # zero-cost unless raised; an int too large for the dtype is the user's error
+        tx = type(x)
+        if tx is float:  # the common case first: a Python float next to a float tensor
+            dtype = like.dtype if like.dtype.kind == "f" else default_float
+            return _make(like._be.from_numpy(np.asarray(x, dtype=dtype)), like._be, (), dtype)
+        if tx is int and like.dtype.kind in "fi":
+            return _make(like._be.from_numpy(np.asarray(x, dtype=like.dtype)), like._be, (), like.dtype)
+        if isinstance(x, (bool, np.bool_)):
+            dtype = bool_ if like.dtype == bool_ else like.dtype
+        elif isinstance(x, (complex, np.complexfloating)):
+            raise DTypeError(f"complex operand {x!r} is not supported (polygrad supports float, int and bool)")
+        elif isinstance(x, Number) and not isinstance(x, (int, np.integer)):
+            dtype = like.dtype if like.dtype.kind == "f" else default_float
+        elif isinstance(x, (int, np.integer)):
+            dtype = like.dtype if like.dtype != bool_ else int64
+        else:
+            try:
+                arr = np.asarray(x)
+            except (ValueError, TypeError) as exc:  # ragged nested lists
+                raise ShapeError(f"cannot use a {type(x).__name__} as a tensor operand: {exc}") from None
+            if arr.dtype == object:
+                raise DTypeError(f"cannot use a {type(x).__name__} as a tensor operand")
+            return tensor(arr, backend=like._be)
+        return tensor_from_numpy(np.asarray(x, dtype=dtype), like._be)
+    except OverflowError as exc:
+        raise DTypeError(f"operand {x!r:.60} does not fit a tensor of dtype {like.dtype}: {exc}") from None
 
 
 def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
@@ -455,7 +531,7 @@ def div(a, b) -> Tensor:
 
 
 def pow(a, b) -> Tensor:  # noqa: A001
-    if _is_sparse(a):
+    if _is_sparse(a) or _is_sparse(b):
         return _sparse_binary("pow", a, b)
     a, b = _pair(a, b)
     if a.dtype.kind != "f" and b.dtype.kind != "f":
@@ -496,7 +572,11 @@ def where(cond, a, b) -> Tensor:
     if like is None:
         raise DTypeError("where(): at least one operand must be a polygrad tensor")
     if not isinstance(cond, Tensor):
-        cond = tensor(np.asarray(cond, dtype=bool), backend=like._be)
+        try:
+            cond = np.asarray(cond, dtype=bool)
+        except (ValueError, TypeError) as exc:  # ragged nested lists
+            raise ShapeError(f"where(): cannot use a {type(cond).__name__} as a condition: {exc}") from None
+        cond = tensor(cond, backend=like._be)
     if not isinstance(a, Tensor):
         a = _as_operand(a, b if isinstance(b, Tensor) else like)
     if not isinstance(b, Tensor):
@@ -515,7 +595,7 @@ def sigmoid(x: Tensor) -> Tensor:
 def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     if _is_sparse(x):
         from .sparse import sparse_sum
-        return sparse_sum(x, axis)
+        return sparse_sum(x, axis, keepdims)
     return apply(Op.SUM, (x,), {"axes": normalize_axes(Op.SUM, axis, x.ndim), "keepdims": keepdims})
 
 
@@ -535,6 +615,10 @@ def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 
 def argmax(x: Tensor, axis=None) -> Tensor:
     """Index of the maximum (no gradient); computed on the host."""
+    if axis is not None:
+        axis = _dim_arg("argmax", axis, builtins.max(x.ndim, 1))
+    if x.numel == 0 or (axis is not None and x.ndim and x.shape[axis] == 0):
+        raise ShapeError(f"argmax: reduction over an empty axis of shape {x.shape} has no identity")
     arr = x.numpy()
     return tensor(np.argmax(arr, axis=axis), dtype=int64, backend=x._be)
 
@@ -556,7 +640,10 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 
 def _target_indices(target) -> np.ndarray:
-    arr = target.numpy() if isinstance(target, Tensor) else np.asarray(target)
+    try:
+        arr = target.numpy() if isinstance(target, Tensor) else np.asarray(target)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        raise ShapeError(f"cross_entropy: class targets must be an integer array: {exc}") from None
     if arr.dtype.kind not in "iu":
         raise DTypeError(f"cross_entropy: class targets must be integers, got {arr.dtype}")
     return arr.astype(np.int64)
@@ -589,34 +676,46 @@ def cross_entropy(logits: Tensor, target, mask=None, reduction: str = "mean") ->
         if idx.size and (idx.min() < 0 or idx.max() >= logits.shape[1]):
             raise ShapeError(f"cross_entropy: target class out of range [0, {logits.shape[1]})")
         losses = -logp[np.arange(idx.shape[0]), idx]
+    return reduce_losses(losses, reduction, "cross_entropy")
+
+
+def reduce_losses(losses: Tensor, reduction: str, name: str) -> Tensor:
+    """The ``reduction=`` argument every loss takes: "mean", "sum" or "none"."""
     if reduction == "mean":
         return losses.mean()
     if reduction == "sum":
         return losses.sum()
     if reduction == "none":
         return losses
-    raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _mask_rows(mask, n: int) -> np.ndarray:
-    arr = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
+    try:
+        arr = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
+    except (ValueError, TypeError) as exc:  # ragged nested lists
+        raise ShapeError(f"mask must be a bool mask [{n}] or integer row indices: {exc}") from None
     if arr.dtype == bool:
         if arr.shape != (n,):
             raise ShapeError(f"mask of shape {arr.shape} does not match {n} rows")
         return np.flatnonzero(arr)
-    return arr.astype(np.int64)
+    if arr.dtype.kind not in "iu" or arr.ndim > 1:
+        raise DTypeError(f"mask must be a bool mask [{n}] or 1-D integer row indices, got {arr.dtype} {arr.shape}")
+    rows = arr.astype(np.int64).reshape(-1)
+    if rows.size and (rows.min() < -n or rows.max() >= n):
+        raise IndexOutOfRangeError(f"mask: row index out of range for {n} rows")
+    return rows
 
 
 def mse(pred: Tensor, target, reduction: str = "mean") -> Tensor:
     d = pred - target
-    sq = d * d
-    return sq.mean() if reduction == "mean" else sq.sum() if reduction == "sum" else sq
+    return reduce_losses(d * d, reduction, "mse")
 
 
 # -- movement -----------------------------------------------------------------------------------------
 
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
-    shape = tuple(int(s) for s in shape)
+    shape = _shape_arg(tuple(shape), "reshape")
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
     if -1 in shape:
@@ -630,7 +729,7 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
-    perm = tuple(int(d) % x.ndim if x.ndim else int(d) for d in dims)
+    perm = tuple(_dim_arg("permute", d, x.ndim) for d in dims) if x.ndim else _shape_arg(tuple(dims), "permute")
     if perm == tuple(range(x.ndim)):
         return x
     return apply(Op.PERMUTE, (x,), {"perm": perm})
@@ -642,20 +741,21 @@ def transpose(x: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
         return sparse_transpose(x)
     if x.ndim < 2:
         return x
+    dim0, dim1 = _dim_arg("transpose", dim0, x.ndim), _dim_arg("transpose", dim1, x.ndim)
     perm = list(range(x.ndim))
     perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
     return permute(x, perm)
 
 
 def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
-    shape = tuple(int(s) for s in shape)
+    shape = _shape_arg(tuple(shape), "expand")
     if shape == x.shape:
         return x
     return apply(Op.EXPAND, (x,), {"shape": shape})
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
-    dim = dim % (x.ndim + 1)
+    dim = _dim_arg("unsqueeze", dim, x.ndim + 1)
     return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
 
 
@@ -669,7 +769,7 @@ def squeeze(x: Tensor, dim=None) -> Tensor:
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if x.ndim == 0:
         return reshape(x, (1,))
-    s, e = start_dim % x.ndim, end_dim % x.ndim
+    s, e = _dim_arg("flatten", start_dim, x.ndim), _dim_arg("flatten", end_dim, x.ndim)
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
 
 
@@ -683,8 +783,13 @@ def _normalize_index(index: Any, shape: tuple) -> tuple:
         if isinstance(item, Tensor):
             item = item.numpy()
         if isinstance(item, list):
-            item = np.asarray(item)
+            try:
+                item = np.asarray(item)
+            except (ValueError, TypeError) as exc:  # ragged nested lists
+                raise ShapeError(f"getitem: invalid index list for a tensor of shape {shape}: {exc}") from None
         if isinstance(item, np.ndarray):
+            if item.dtype == bool and item.ndim == 0:
+                raise DTypeError("getitem: a 0-d bool tensor is not a valid index")
             if item.dtype == bool:
                 if item.shape != shape[dim:dim + item.ndim]:
                     raise ShapeError(f"getitem: boolean mask of shape {item.shape} does not match "
@@ -729,12 +834,22 @@ def getitem(x: Tensor, index: Any) -> Tensor:
 
 def index_add(src: Tensor, index: Any, shape: Sequence[int]) -> Tensor:
     """zeros(shape) with ``src`` added at ``index`` (repeated positions accumulate)."""
-    return apply(Op.INDEX_ADD, (src,), {"index": _normalize_index(index, tuple(shape)),
-                                        "shape": tuple(int(s) for s in shape)})
+    shape = _shape_arg(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), "index_add")
+    return apply(Op.INDEX_ADD, (src,), {"index": _normalize_index(index, shape), "shape": shape})
+
+
+def _tensor_list(what: str, tensors: Any) -> list:
+    if isinstance(tensors, Tensor) or not isinstance(tensors, Iterable):
+        raise DTypeError(f"{what}: expects a sequence of tensors, got {type(tensors).__name__}")
+    tensors = list(tensors)
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"{what}: expects tensors, got a {type(t).__name__}")
+    return tensors
 
 
 def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    tensors = list(tensors)
+    tensors = _tensor_list("concat", tensors)
     if not tensors:
         raise ShapeError("concat: needs at least one tensor")
     ndim = tensors[0].ndim
@@ -753,10 +868,10 @@ cat = concat
 
 
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    tensors = list(tensors)
+    tensors = _tensor_list("stack", tensors)
     if not tensors:
         raise ShapeError("stack: needs at least one tensor")
-    axis = axis % (tensors[0].ndim + 1)
+    axis = _dim_arg("stack", axis, tensors[0].ndim + 1)
     if any(t.shape != tensors[0].shape for t in tensors):
         raise ShapeError(f"stack: all tensors need the same shape, got {', '.join(str(t.shape) for t in tensors)}")
     parts = [unsqueeze(t, axis) for t in tensors]

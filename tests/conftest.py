@@ -10,14 +10,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def planetoid_dir() -> Path | None:
-    """The Planetoid folder: $POLYGRAD_PLANETOID_DIR, else ../shared/data/planetoid beside the repo."""
-    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
-    candidates = [Path(env)] if env else []
-    candidates.append(REPO.parent / "shared" / "data" / "planetoid")
-    for c in candidates:
-        if (c / "ind.cora.graph").exists():
-            return c
-    return None
+    """$POLYGRAD_PLANETOID_DIR, else ../shared/data/planetoid beside the checkout (as CI lays it)."""
+    from polygrad.data import find_planetoid_dir
+    return find_planetoid_dir(REPO.parent / "shared" / "data" / "planetoid", REPO / ".device_data" / "planetoid")
 
 
 @pytest.fixture
@@ -33,7 +28,19 @@ def available_backends() -> list[str]:
     return [b.name for b in pg.list_backends() if b.available]
 
 
-@pytest.fixture(params=["scalar", "numpy"])
+def _cupy_skip_reason() -> str | None:
+    import polygrad as pg
+    info = {b.name: b for b in pg.list_backends()}.get("cupy")
+    if info is None:
+        return "cupy backend not registered"
+    return None if info.available else f"cupy backend unavailable: {info.reason}"
+
+
+@pytest.fixture(params=["scalar", "numpy", "cupy"])
 def backend(request) -> str:
-    """The built-in CPU backends every op must agree on."""
+    """Every built-in backend; cupy runs where a GPU is present and skips with the reason elsewhere."""
+    if request.param == "cupy":
+        reason = _cupy_skip_reason()
+        if reason:
+            pytest.skip(reason)
     return request.param

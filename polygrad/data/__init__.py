@@ -22,6 +22,7 @@ from .planetoid import (
     RestrictedUnpickler,
     default_cache_dir,
     download_planetoid,
+    find_planetoid_dir,
     load_planetoid,
     read_planetoid_file,
 )
@@ -47,7 +48,7 @@ __all__ = [
     "train_test_split",
     # Planetoid
     "load_planetoid",
-    "download_planetoid",
+    "download_planetoid", "find_planetoid_dir",
     "read_planetoid_file",
     "PlanetoidDataset",
     "RestrictedUnpickler",

@@ -388,6 +388,16 @@ def default_cache_dir() -> Path:
     return base / "planetoid"
 
 
+def find_planetoid_dir(*candidates: "str | os.PathLike[str]", name: str = "cora") -> Path | None:
+    """The first folder holding ``ind.<name>.*``: ``$POLYGRAD_PLANETOID_DIR``, then ``candidates``
+    (e.g. a checkout's ``../shared/data/planetoid``), then the download cache; None if none does."""
+    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
+    for folder in ([Path(env)] if env else []) + [Path(c) for c in candidates] + [default_cache_dir()]:
+        if (folder / f"ind.{name}.graph").is_file():
+            return folder
+    return None
+
+
 def _file_names(key: str) -> list[str]:
     return [f"ind.{key}.{part}" for part in PLANETOID_PARTS]
 

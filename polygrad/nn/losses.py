@@ -12,21 +12,10 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.errors import ShapeError
-from polygrad.tensor import Tensor
+from polygrad.tensor import Tensor, reduce_losses as _reduce
 
 __all__ = ["cross_entropy", "mse", "max_margin", "hinge", "l2_penalty", "accuracy"]
 
-_REDUCTIONS = ("mean", "sum", "none")
-
-
-def _reduce(losses: Tensor, reduction: str, name: str) -> Tensor:
-    if reduction == "mean":
-        return losses.mean()
-    if reduction == "sum":
-        return losses.sum()
-    if reduction == "none":
-        return losses
-    raise ValueError(f"{name}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
 
 def _target_like(target: Any, pred: Tensor, name: str) -> Tensor:

@@ -44,21 +44,14 @@ from polygrad.data import (
 )
 from polygrad.data import planetoid as planetoid_mod
 from polygrad.data.synthetic import _decode_lower_triangle
+from tests.conftest import planetoid_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _planetoid_dir() -> Path | None:
-    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
-    candidates = [Path(env)] if env else []
-    candidates.append(REPO_ROOT.parent / "shared" / "data" / "planetoid")
-    for c in candidates:
-        if (c / "ind.cora.graph").is_file():
-            return c
-    return None
 
 
-PLANETOID_DIR = _planetoid_dir()
+PLANETOID_DIR = planetoid_dir()
 needs_planetoid = pytest.mark.skipif(
     PLANETOID_DIR is None,
     reason="Planetoid files not found: set POLYGRAD_PLANETOID_DIR or put them in "

@@ -6,7 +6,6 @@ minute each and are marked slow; ``polygrad demo gcn --data DIR --runs 10`` runs
 from __future__ import annotations
 
 import io
-import os
 import runpy
 import sys
 from pathlib import Path
@@ -16,21 +15,16 @@ import pytest
 
 import polygrad as pg
 from polygrad import demos
+from tests.conftest import planetoid_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HAS_SPARSE = hasattr(pg, "from_edge_index")
 needs_sparse = pytest.mark.skipif(not HAS_SPARSE, reason="polygrad.sparse not available")
 
 
-def _planetoid_dir() -> Path | None:
-    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
-    for c in ([Path(env)] if env else []) + [REPO_ROOT.parent / "shared" / "data" / "planetoid"]:
-        if (c / "ind.cora.graph").is_file():
-            return c
-    return None
 
 
-PLANETOID = _planetoid_dir()
+PLANETOID = planetoid_dir()
 needs_planetoid = pytest.mark.skipif(PLANETOID is None, reason="Planetoid files not found: set "
                                      "POLYGRAD_PLANETOID_DIR or put them in <repo>/../shared/data/planetoid")
 

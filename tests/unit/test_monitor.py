@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from polygrad.registry import registry
 from polygrad.tensor import spmm
 from polygrad.testing import inject_fault
 from polygrad.testing.cases import sample_pattern
+from tests.conftest import planetoid_dir
 
 
 def _events() -> dict:
@@ -132,19 +131,15 @@ def m_summary_empty() -> str:
 
 # -- the GCN on Cora -----------------------------------------------------------------------------------
 
-def _planetoid_dir() -> Path | None:
-    env = os.environ.get("POLYGRAD_PLANETOID_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data" / "planetoid"
-    return path if (path / "ind.cora.x").exists() else None
 
 
-@pytest.mark.skipif(_planetoid_dir() is None, reason="Cora not found (set POLYGRAD_PLANETOID_DIR)")
+@pytest.mark.skipif(planetoid_dir() is None, reason="Cora not found (set POLYGRAD_PLANETOID_DIR)")
 def test_monitor_report_on_cora_gcn():
     """Two-layer GCN (A relu(A X W1) W2) on Cora: per epoch, nnz ratio, gradient norm and memory."""
     from polygrad.data import load_planetoid, normalized_adjacency
     from polygrad.pattern import Pattern
 
-    ds = load_planetoid(_planetoid_dir(), "cora")
+    ds = load_planetoid(planetoid_dir(), "cora")
     adj = normalized_adjacency(ds.edge_index, ds.num_nodes, dtype=np.float32)
     pattern = Pattern(adj.shape, adj.indptr.astype(np.int64), adj.indices.astype(np.int64), "csr")
     a = pg.tensor(adj.data)
