@@ -98,7 +98,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.demo == "moons":
         result = demos.run_moons(steps=args.steps, n_samples=args.samples, noise=args.noise, seed=args.seed,
                                  backend=args.backend, plot=args.plot, progress=progress,
-                                 rollback=args.rollback)
+                                 rollback=args.rollback, monitor=args.monitor, graph=args.graph)
         print(_summary_moons(result), flush=True)
     else:
         data = args.data
@@ -108,13 +108,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   "embedded synthetic graph", file=sys.stderr)
         result = demos.run_gcn(data=data, dataset=args.dataset, backend=args.backend, epochs=args.epochs,
                                seed=args.seed, runs=args.runs, plot=args.plot, progress=progress,
-                               download=args.download)
+                               download=args.download, monitor=args.monitor, graph=args.graph)
         if synthetic:
             print("polygrad: no --data DIR given: trained on the embedded synthetic graph (stochastic block "
                   "model); pass --data <folder with ind.cora.*> (or --download) for Cora", file=sys.stderr)
         print(_summary_gcn(result), flush=True)
-    if args.plot:
-        print(f"wrote {args.plot}", flush=True)
+    for written in (args.plot, args.graph):
+        if written:
+            print(f"wrote {written}", flush=True)
     if args.json:
         keys = ["demo", "test_accuracy", "epochs", "epoch_time_ms", "peak_rss_mb", "backend"]
         extra = {k: v for k, v in result.items() if k not in keys}
@@ -191,6 +192,10 @@ def _add_common_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="save a picture (needs matplotlib: the viz extra)")
     p.add_argument("--json", action="store_true", help="end with one JSON line of results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--monitor", action="store_true",
+                   help="print the monitor's report each epoch (nnz ratios, grad norm, memory, fallbacks)")
+    p.add_argument("--graph", metavar="FILE.svg",
+                   help="draw the first step's autodiff graph (.gv/.dot as text; .svg/.png need graphviz)")
 
 
 def build_parser() -> argparse.ArgumentParser:

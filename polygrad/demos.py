@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from typing import Any, Callable, TextIO
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TextIO
 
 import numpy as np
 
@@ -114,9 +115,45 @@ def _median_ms(history: History, skip_first: bool = True) -> float:
 # moons
 # ----------------------------------------------------------------------------------------------
 
+@contextmanager
+def monitored(enabled: bool, stream: TextIO | None = None) -> Iterator[Any]:
+    """``pg.monitor()`` around a training run when ``enabled`` (its summary printed at the end)."""
+    if not enabled:
+        yield None
+        return
+    import logging
+    logging.basicConfig(level=logging.WARNING)  # the monitor warns (NaN grads, memory) via logging
+    with pg.monitor() as m:
+        yield m
+    print(m.summary(), file=stream or sys.stderr, flush=True)
+
+
+def report_epoch(m: Any, rec: EpochRecord, stream: TextIO | None = None) -> None:
+    """Close the monitor's step for this epoch and print its one-line report."""
+    if m is not None:
+        print(f"epoch {rec.epoch + 1}: {m.step(epoch=rec.epoch, loss=rec.loss)}", file=stream or sys.stderr,
+              flush=True)
+
+
+def drawing_first_graph(loss_fn: Callable[[], Any], path: str | None) -> Callable[[], Any]:
+    """``loss_fn`` that writes its first loss's autodiff graph to ``path`` (before backward frees it)."""
+    if not path:
+        return loss_fn
+    from .draw import save_graph
+    drawn = []
+
+    def wrapped():
+        loss, metrics = loss_fn()
+        if not drawn:
+            drawn.append(save_graph(loss, path))
+        return loss, metrics
+    return wrapped
+
+
 def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: int = 1337,
               backend: str | None = None, plot: str | None = None, progress: bool = True,
-              rollback: float | None = None, stream: TextIO | None = None) -> dict[str, Any]:
+              rollback: float | None = None, stream: TextIO | None = None, monitor: bool = False,
+              graph: str | None = None) -> dict[str, Any]:
     """Train micrograd's moons MLP; return accuracy, loss, timing and memory figures.
 
     The L2 term ``1e-4 * sum(p**2)`` is applied as SGD weight decay 2e-4 (its exact gradient),
@@ -150,11 +187,14 @@ def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: 
             rec.loss = rec.loss + reg
             rec.metrics["accuracy"] = nn.accuracy(scores, y_pm)
             bar.update(loss=rec.loss, acc=rec.metrics["accuracy"], mem_mb=round(rss_mb(), 1))
+            report_epoch(m, rec, stream)
 
-        try:
-            history = fit(model, opt, loss_fn, steps, rollback_threshold=rollback, callback=on_epoch)
-        finally:
-            bar.close()
+        with monitored(monitor, stream) as m:
+            try:
+                history = fit(model, opt, drawing_first_graph(loss_fn, graph), steps,
+                              rollback_threshold=rollback, callback=on_epoch)
+            finally:
+                bar.close()
         model.eval()
         with pg.no_grad():
             scores = model(X)
@@ -230,7 +270,7 @@ def build_gcn(ds: pdata.GraphDataset, hidden: int = 16, dropout: float = 0.5, lr
 def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: int = 16,
               dropout: float = 0.5, lr: float = 0.01, weight_decay: float = 5e-4,
               tensors: tuple | None = None, track_val: bool = False,
-              on_epoch: Callable[[EpochRecord], Any] | None = None) -> dict[str, Any]:
+              on_epoch: Callable[[EpochRecord], Any] | None = None, graph: str | None = None) -> dict[str, Any]:
     """One seeded GCN run on ``ds``; returns test/val accuracy, history and per-epoch curves."""
     pg.manual_seed(seed)
     x, y, edge_index = tensors if tensors is not None else graph_tensors(ds)
@@ -254,7 +294,8 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
             curves["val_acc"].append(rec.metrics["val_acc"])
         return on_epoch(rec) if on_epoch is not None else None
 
-    history = fit(model, opt, loss_fn, epochs, rollback_threshold=None, callback=callback)
+    history = fit(model, opt, drawing_first_graph(loss_fn, graph), epochs, rollback_threshold=None,
+                  callback=callback)
     model.eval()
     with pg.no_grad():
         logits = model(x, edge_index)
@@ -267,7 +308,8 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
 def run_gcn(data: str | None = None, dataset: str = "cora", backend: str | None = None, epochs: int = 200,
             seed: int = 0, runs: int = 1, hidden: int = 16, dropout: float = 0.5, lr: float = 0.01,
             weight_decay: float = 5e-4, plot: str | None = None, progress: bool = True,
-            stream: TextIO | None = None, download: bool = False) -> dict[str, Any]:
+            stream: TextIO | None = None, download: bool = False, monitor: bool = False,
+            graph: str | None = None) -> dict[str, Any]:
     """Train the reference GCN ``runs`` times (seeds ``seed, seed+1, ...``); return mean figures.
 
     ``data``: a folder with the Planetoid files; ``download=True`` without it fetches ``dataset``
@@ -287,14 +329,17 @@ def run_gcn(data: str | None = None, dataset: str = "cora", backend: str | None 
             desc = f"gcn {ds.name}" + (f" seed {seed + r}" if runs > 1 else "")
             bar = Progress(epochs, desc, enabled=progress, stream=stream)
 
-            def on_epoch(rec: EpochRecord, bar: Progress = bar) -> None:
-                bar.update(loss=rec.loss, acc=rec.metrics["train_acc"], mem_mb=round(rss_mb(), 1))
+            with monitored(monitor, stream) as m:
+                def on_epoch(rec: EpochRecord, bar: Progress = bar, m: Any = m) -> None:
+                    bar.update(loss=rec.loss, acc=rec.metrics["train_acc"], mem_mb=round(rss_mb(), 1))
+                    report_epoch(m, rec, stream)
 
-            try:
-                last = train_gcn(ds, seed + r, epochs, hidden, dropout, lr, weight_decay, tensors,
-                                 track_val=bool(plot) and r == runs - 1, on_epoch=on_epoch)
-            finally:
-                bar.close()
+                try:
+                    last = train_gcn(ds, seed + r, epochs, hidden, dropout, lr, weight_decay, tensors,
+                                     track_val=bool(plot) and r == runs - 1, on_epoch=on_epoch,
+                                     graph=graph if r == 0 else None)
+                finally:
+                    bar.close()
             accs.append(last["test_accuracy"])
             vals.append(last["val_accuracy"])
             times.append(last["epoch_time_ms"])

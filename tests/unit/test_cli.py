@@ -152,3 +152,14 @@ def test_gcn_download_offline_or_empty_cache_is_a_clear_error(capsys, monkeypatc
     assert cli.main(["demo", "gcn", "--download", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("polygrad: error:") and "network unreachable (simulated)" in err
+
+
+def test_demo_monitor_prints_per_epoch_reports_and_graph_is_drawn(capsys, tmp_path):
+    graph = tmp_path / "gcn.gv"
+    assert cli.main(["demo", "gcn", "--epochs", "3", "--no-progress", "--monitor", "--graph", str(graph)]) == 0
+    err = capsys.readouterr().err
+    epoch_lines = [line for line in err.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 3
+    assert all("grad_norm" in line and "rss" in line and "spmm/csr" in line for line in epoch_lines)
+    text = graph.read_text()
+    assert text.startswith("digraph") and "spmm" in text and "cross" not in text.split("\n")[0]
