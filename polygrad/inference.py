@@ -26,7 +26,22 @@ def _describe(shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...]) -> str:
 def broadcast_shapes(op: Op, *shapes: Shape) -> Shape:
     """numpy's broadcasting rule (in plain Python: this is on every op's hot path)."""
     first = shapes[0]
-    if all(s == first for s in shapes):
+    if len(shapes) == 2:  # the common case, without generators
+        second = shapes[1]
+        if first == second:
+            return first
+        if len(first) == len(second):
+            out2 = []
+            for x, y in zip(first, second):
+                if x == y or y == 1:
+                    out2.append(x)
+                elif x == 1:
+                    out2.append(y)
+                else:
+                    break
+            else:
+                return tuple(out2)
+    elif all(s == first for s in shapes):
         return first
     ndim = max(len(s) for s in shapes)
     out = [1] * ndim

@@ -689,3 +689,20 @@ def test_polygrad_errors_are_not_fallen_back_from(recorder):
             pg.tensor([1.0]).exp()
     assert recorder.events == []
     assert issubclass(dispatch.KernelFault, PolygradError)
+
+
+def test_validate_mode_catches_a_kernel_that_disagrees_with_the_reference(monkeypatch):
+    """POLYGRAD_VALIDATE / pg.config.validate shadow-runs kernels against the scalar reference."""
+    import polygrad as pg
+    from polygrad.errors import BackendError
+    from polygrad.ops import Op
+    from polygrad.registry import registry
+
+    monkeypatch.setattr(pg.config, "validate", True)
+    x = pg.tensor([0.5, -1.0, 2.0], dtype=pg.float64)
+    assert (x.exp() * 2).tolist() == pytest.approx([2 * np.exp(0.5), 2 * np.exp(-1.0), 2 * np.exp(2.0)])
+    table = registry.tables["numpy"]
+    good = table[(Op.EXP, "dense")]
+    monkeypatch.setitem(table, (Op.EXP, "dense"), lambda a: good(a) * (1 + 1e-3))
+    with pytest.raises(BackendError, match=r"POLYGRAD_VALIDATE: op 'exp' on backend 'numpy'.*max abs error"):
+        x.exp()
