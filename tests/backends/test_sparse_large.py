@@ -7,38 +7,14 @@ Run with ``python -m pytest tests/backends/test_sparse_large.py -m slow``.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
-import psutil
 import pytest
 
 import polygrad as pg
+from benchmarks._harness import peak_memory_growth
 from polygrad.data import random_graph
 
 N, E, F = 100_000, 1_000_000, 64
-
-
-def peak_rss_growth(fn):
-    """(result, peak RSS growth in bytes) of ``fn()``, RSS sampled every millisecond."""
-    proc = psutil.Process()
-    base = proc.memory_info().rss
-    peak = [base]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            stop.wait(0.001)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    try:
-        result = fn()
-    finally:
-        stop.set()
-        th.join()
-    return result, max(peak[0], proc.memory_info().rss) - base
 
 
 @pytest.fixture(params=["installed", "own"])
@@ -70,7 +46,8 @@ def test_spmm_forward_backward_100k_nodes_1m_edges(kernels):
         (y * wt).sum().backward()
         return y
 
-    y, growth = peak_rss_growth(step)
+    measured = peak_memory_growth(step)
+    y, growth = measured.result, measured.bytes
     print(f"\npeak RSS growth of SpMM forward+backward (N={N}, E={E}, F={F}, {kernels} kernels): "
           f"{growth / 2**20:.1f} MiB")
     assert growth < 1.5 * 2**30, f"sparse forward+backward grew RSS by {growth / 2**30:.2f} GiB"
