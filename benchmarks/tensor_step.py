@@ -3,6 +3,7 @@
 per-op dispatch overhead on tiny tensors (anchor: the raw numpy call)."""
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -25,6 +26,7 @@ def _cpu_best(fn, repeat: int, inner: int) -> float:
 
 
 def moons_tensor_step(quick: bool) -> dict:
+    gc.collect()  # the micrograd section before this one leaves a heap full of cyclic garbage
     X, y = make_moons(100, 0.1, seed=1)
     Xt = pg.tensor(X, dtype=pg.float64)
     yt = pg.tensor((y * 2 - 1)[:, None].astype(np.float64))
