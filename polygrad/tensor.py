@@ -489,7 +489,9 @@ def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
         if b.dtype.kind == "f" and a.dtype.kind != "f":
             a = a.cast(b.dtype)
     if getattr(a, "layout", "dense") != "dense" or getattr(b, "layout", "dense") != "dense":
-        raise ShapeError("internal: sparse operands are handled by polygrad.sparse")
+        sparse = a if getattr(a, "layout", "dense") != "dense" else b
+        raise ShapeError(f"this op has no sparse form: got a sparse {sparse.shape} ({sparse.layout}) operand; "
+                         "apply it to the stored values (A.apply_values(fn)) or densify (A.to_dense())")
     return a, b
 
 
@@ -708,6 +710,10 @@ def _mask_rows(mask, n: int) -> np.ndarray:
 
 
 def mse(pred: Tensor, target, reduction: str = "mean") -> Tensor:
+    """Mean squared error; ``pred`` and a tensor ``target`` must have the same shape (an [N, 1]
+    prediction against [N] targets would otherwise broadcast to [N, N] silently)."""
+    if isinstance(target, Tensor) and target.shape != pred.shape:
+        raise ShapeError(f"mse: prediction of shape {pred.shape} and target of shape {target.shape} differ")
     d = pred - target
     return reduce_losses(d * d, reduction, "mse")
 

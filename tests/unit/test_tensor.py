@@ -104,3 +104,14 @@ def test_data_setter_replaces_storage():
     with pg.no_grad():
         p.data = p - 1
     assert p.tolist() == [0.0, 1.0] and p.requires_grad and p.is_leaf
+
+
+def test_mse_refuses_shapes_that_would_broadcast_silently():
+    with pytest.raises(ShapeError, match=r"mse: prediction of shape \(3, 1\)"):
+        pg.mse(pg.ones(3, 1), pg.ones(3))
+
+
+def test_dense_only_ops_name_the_sparse_operand():
+    A = pg.from_edge_index([[0, 1], [1, 0]], num_nodes=2)
+    with pytest.raises(ShapeError, match=r"no sparse form.*\(2, 2\) \(csr\)"):
+        pg.maximum(A, 0)
