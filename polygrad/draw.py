@@ -109,6 +109,23 @@ _STYLE = {"op": {"shape": "box", "style": "rounded,filled", "fillcolor": "#dbe9f
           "freed": {"shape": "box", "style": "dashed"}}
 
 
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def dot_source(spec: GraphSpec, max_nodes: int = 1000, rankdir: str = "BT") -> str:
+    """DOT text of a :class:`GraphSpec` (what ``draw_graph(t).source`` holds, without graphviz)."""
+    lines = ["digraph polygrad {", f"\tgraph [rankdir={rankdir}]", "\tnode [fontname=Helvetica fontsize=10]"]
+    for n in spec.nodes:
+        style = " ".join(f"{k}={_quote(v)}" for k, v in _STYLE[n.kind].items())
+        lines.append(f"\t{n.id} [label={_quote(n.label)} {style}]")
+    lines.extend(f"\t{a} -> {b}" for a, b in spec.edges)
+    if spec.truncated:
+        lines.append(f"\ttruncated [label={_quote(f'... more than {max_nodes} nodes')} shape=plaintext]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def draw_graph(tensor: Any, max_nodes: int = 1000, rankdir: str = "BT", format: str = "svg") -> Any:
     """A ``graphviz.Digraph`` of ``tensor``'s graph (inputs point to the ops that consume them).
 
@@ -139,12 +156,12 @@ def save_graph(tensor: Any, path: str | os.PathLike, max_nodes: int = 1000) -> s
     missing this raises a PolygradError that says so and suggests a ``.gv`` path instead.
     """
     path = os.fspath(path)
-    dot = draw_graph(tensor, max_nodes)
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
-    if suffix in ("gv", "dot"):
+    if suffix in ("gv", "dot"):  # DOT text needs no graphviz at all
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(dot.source)
+            fh.write(dot_source(graph_spec(tensor, max_nodes), max_nodes))
         return path
+    dot = draw_graph(tensor, max_nodes)
     import graphviz
     try:
         dot.render(outfile=path, format=suffix or "svg", cleanup=True)

@@ -89,3 +89,17 @@ def test_save_graph_svg_needs_dot_program(tmp_path):
     else:
         save_graph(small_graph(), target)
         assert target.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_gv_text_needs_no_graphviz_package(monkeypatch, tmp_path):
+    import sys
+
+    from polygrad.draw import save_graph
+    monkeypatch.setitem(sys.modules, "graphviz", None)  # import graphviz -> ImportError
+    x = pg.tensor([1.0, 2.0], requires_grad=True)
+    x.name = 'x "quoted"'
+    path = save_graph((x.exp() * 2).sum(), tmp_path / "g.gv")
+    text = open(path).read()
+    assert text.startswith("digraph polygrad {") and text.rstrip().endswith("}")
+    assert 'label="x \\"quoted\\"\\nleaf [2] float32' in text
+    assert text.count(" -> ") == 4 and "exp" in text and "sum" in text
