@@ -11,7 +11,10 @@ bounded chunks so SpMM/SDDMM memory stays O(chunk·F) beyond the output, never O
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
+
+import numpy as np
 
 from polygrad.ops import Op
 
@@ -22,10 +25,27 @@ CHUNK_ELEMENTS = 1 << 22
 SPARSE_CHUNK_ELEMENTS = 1 << 16
 
 
+#: device copies of read-only host index arrays (a pattern's transpose permutation, its row ids),
+#: so the SpMM/segment backward on a GPU does not upload nnz indices on every pass
+_DEVICE_INDEX: dict[tuple[str, int], Any] = {}
+
+
+def _device_index(xp, array: np.ndarray) -> Any:
+    if array.flags.writeable:  # the caller may still change it: convert afresh
+        return xp.asarray(array)
+    key = (xp.__name__, id(array))
+    hit = _DEVICE_INDEX.get(key)
+    if hit is None:
+        hit = _DEVICE_INDEX[key] = xp.asarray(array)
+        weakref.finalize(array, _DEVICE_INDEX.pop, key, None)
+    return hit
+
+
 def _index_for(xp, index: tuple) -> tuple:
     if xp.__name__ == "numpy":
         return index
-    return tuple(xp.asarray(i) if hasattr(i, "dtype") else i for i in index)
+    return tuple(_device_index(xp, i) if isinstance(i, np.ndarray) else
+                 xp.asarray(i) if hasattr(i, "dtype") else i for i in index)
 
 
 def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:

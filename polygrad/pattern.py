@@ -33,8 +33,10 @@ class Pattern:
         self.shape = (int(shape[0]), int(shape[1]))
         self.indptr = indptr
         self.cols = cols
-        self.rows = rows if rows is not None else np.repeat(
-            np.arange(self.shape[0], dtype=np.int64), np.diff(indptr))
+        if rows is None:
+            rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(indptr))
+            rows.flags.writeable = False  # ours: read-only lets backends cache device copies
+        self.rows = rows
         self.layout = layout
         self._transpose: tuple[Pattern, np.ndarray] | None = None
         self._device: dict[Any, Any] = {}
@@ -61,6 +63,7 @@ class Pattern:
         if self._transpose is None:
             # stable sort by column keeps rows ascending within each column: canonical for Aᵀ
             perm = np.argsort(self.cols, kind="stable")
+            perm.flags.writeable = False  # ours: read-only lets backends cache device copies
             t_indptr = np.zeros(self.shape[1] + 1, dtype=np.int64)
             np.cumsum(np.bincount(self.cols, minlength=self.shape[1]), out=t_indptr[1:])
             t = Pattern((self.shape[1], self.shape[0]), t_indptr, self.rows[perm], self.layout,
