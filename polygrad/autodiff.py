@@ -100,8 +100,8 @@ def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -
     return tuple(grads)
 
 
-def _fused_vjp(node, out: "Tensor", g: "Tensor"):
-    """The backend's fused backward kernel for this node, if it has one (None otherwise).
+def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
+    """Input gradients from the backend's fused backward ``kernel`` for this node.
 
     A fused kernel that raises, returns the wrong number of gradients, leaves out a gradient
     that is needed or returns one of the wrong shape is a kernel fault, handled like a failing
@@ -114,12 +114,6 @@ def _fused_vjp(node, out: "Tensor", g: "Tensor"):
     built from primitives whose kernels are each checked and fall back on their own), and a
     training run should not die on the cost of the slower one.
     """
-    vjps = registry.vjp_tables.get(node.backend.name)
-    if not vjps:
-        return None
-    kernel = vjps.get((node.op, node.layout))
-    if kernel is None:
-        return None
     from .dispatch import KernelFault, report_fallback
     from .errors import PolygradError
     from .tensor import Tensor
@@ -173,7 +167,10 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
     from .tensor import Tensor
 
     order = toposort(list(roots))
-    vjp_tables, rules = registry.vjp_tables, grad_rules.RULES
+    vjp_tables = registry.vjp_tables
+    # pg.grad: run only the part of the graph between the roots and the requested inputs, so the
+    # rest is neither computed nor freed (a later backward through it must still work)
+    wanted = None if capture is None else _depends_on(order, capture)
     grads: dict[int, Tensor] = {}
     for r, s in zip(roots, seeds):
         grads[id(r)] = grads[id(r)] + s if id(r) in grads else s
@@ -189,8 +186,11 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
             node = t._node
             if g is None:
                 continue
-            if capture is not None and id(t) in capture:
-                capture[id(t)] = g if capture[id(t)] is None else capture[id(t)] + g
+            if capture is not None:
+                if id(t) in capture:
+                    capture[id(t)] = g if capture[id(t)] is None else capture[id(t)] + g
+                if id(t) not in wanted:
+                    continue  # nothing below this tensor was asked for
             inputs = node.inputs
             if inputs is None:
                 raise GraphError(
@@ -205,11 +205,11 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                 in_grads = None
                 if not create_graph:
                     fused = vjp_tables.get(node.backend.name)
-                    if fused and (node.op, node.layout) in fused:
-                        in_grads = _fused_vjp(node, t, g)
+                    kernel = fused.get((node.op, node.layout)) if fused else None
+                    if kernel is not None:
+                        in_grads = _fused_vjp(node, kernel, t, g)
                 if in_grads is None:
-                    rule = rules.get(node.op)
-                    in_grads = rule(node, t, g) if rule is not None else grad_rules.vjp(node, t, g)
+                    in_grads = grad_rules.vjp(node, t, g)
             for inp, ig in zip(inputs, in_grads):
                 if ig is None or not inp.requires_grad:
                     continue
@@ -225,6 +225,18 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
     ev = registry.events["polygrad_backward_finished"]
     if ev is not None:
         ev(num_nodes=len(order), seconds=time.perf_counter() - started, grads=produced)
+
+
+def _depends_on(order: list, capture: dict) -> set[int]:
+    """ids of the tensors in ``order`` whose inputs lead to a captured tensor (inputs first)."""
+    wanted: set[int] = set()
+    for t in order:
+        inputs = t._node.inputs or ()
+        for inp in inputs:
+            if id(inp) in capture or id(inp) in wanted:
+                wanted.add(id(t))
+                break
+    return wanted
 
 
 def _deliver(leaf: "Tensor", g: "Tensor", capture, produced: list) -> None:

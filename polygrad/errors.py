@@ -64,9 +64,6 @@ class FallbackWarning(UserWarning):
     """A backend kernel failed and polygrad recomputed the op by scalar decomposition."""
 
 
-__all__ = [name for name in dir() if name.endswith(("Error", "Warning"))]
-
-
 class IndexOutOfRangeError(PolygradError, IndexError):
     """An index (getitem, gather) is outside the tensor's shape."""
 

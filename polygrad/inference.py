@@ -268,6 +268,3 @@ def infer(op: Op, shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...], attrs
     """(output shape, output dtype) of ``op`` on operands of these shapes/dtypes; raises on misuse."""
     return _RULES[op](op, shapes, dtypes, attrs)
 
-
-def _unary_fast(op, shapes, dtypes, attrs):
-    return shapes[0], dtypes[0]

@@ -548,10 +548,14 @@ def maximum(a, b) -> Tensor:
 
 def minimum(a, b) -> Tensor:
     a, b = _pair(a, b)
-    return -apply(Op.MAXIMUM, (-a, -b))
+    if a.dtype.kind != "f" and b.dtype.kind != "f":  # no gradient, and negation would wrap unsigned
+        return where(a <= b, a, b)
+    return -apply(Op.MAXIMUM, (-a, -b))  # -max(-a, -b): ties split the gradient as in maximum
 
 
 def abs(x: Tensor) -> Tensor:  # noqa: A001 - |x| = max(x, -x); gradient 0 at 0 by the tie rule
+    if x.dtype.kind in "ub":
+        return x
     return maximum(x, -x)
 
 
@@ -612,6 +616,8 @@ def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 
 
 def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    if x.dtype.kind in "ub":  # negation would wrap (unsigned) or is undefined (bool)
+        return (-max(-x.cast(int64), axis, keepdims)).cast(x.dtype)
     return -max(-x, axis, keepdims)
 
 
@@ -625,19 +631,27 @@ def argmax(x: Tensor, axis=None) -> Tensor:
     return tensor(np.argmax(arr, axis=axis), dtype=int64, backend=x._be)
 
 
-def logsumexp(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+def _shift(x: Tensor, axis) -> Tensor:
+    """The max along ``axis`` (kept), detached, with non-finite maxima replaced by 0: subtracting
+    it keeps exp() in range, and a row of -inf (or one +inf) must not turn into inf - inf = nan.
+    The results below are shift-invariant, so no gradient needs to flow through it."""
     m = max(x, axis, keepdims=True).detach()
+    return where(m.abs() < math.inf, m, 0.0)
+
+
+def logsumexp(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    m = _shift(x, axis)
     out = sum((x - m).exp(), axis, keepdims=True).log() + m
     return out if keepdims else squeeze(out, normalize_axes(Op.SUM, axis, x.ndim))
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    e = (x - max(x, axis, keepdims=True).detach()).exp()  # shift-invariant: no gradient through max
+    e = (x - _shift(x, axis)).exp()
     return e / sum(e, axis, keepdims=True)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    shifted = x - max(x, axis, keepdims=True).detach()
+    shifted = x - _shift(x, axis)
     return shifted - sum(shifted.exp(), axis, keepdims=True).log()
 
 
@@ -712,7 +726,8 @@ def _mask_rows(mask, n: int) -> np.ndarray:
 def mse(pred: Tensor, target, reduction: str = "mean") -> Tensor:
     """Mean squared error; ``pred`` and a tensor ``target`` must have the same shape (an [N, 1]
     prediction against [N] targets would otherwise broadcast to [N, N] silently)."""
-    if isinstance(target, Tensor) and target.shape != pred.shape:
+    target = _as_operand(target, pred)
+    if target.shape != pred.shape and target.ndim:
         raise ShapeError(f"mse: prediction of shape {pred.shape} and target of shape {target.shape} differ")
     d = pred - target
     return reduce_losses(d * d, reduction, "mse")

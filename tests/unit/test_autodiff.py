@@ -197,3 +197,12 @@ def test_backward_finished_event_reports_the_pass():
         pg.unregister_plugin(listener)
     assert seen == [(3, 1)]
     assert math.isfinite(x.grad.item())
+
+
+def test_pg_grad_wrt_an_intermediate_leaves_the_rest_of_the_graph_intact():
+    x = pg.tensor([1.0, 2.0], dtype=pg.float64, requires_grad=True)
+    h = x.exp()
+    (gh,) = pg.grad(h.sum(), [h])
+    assert gh.tolist() == [1.0, 1.0] and x.grad is None
+    (h * 2).sum().backward()  # the exp node below h was neither run nor freed
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp([1.0, 2.0]))

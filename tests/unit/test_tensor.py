@@ -115,3 +115,22 @@ def test_dense_only_ops_name_the_sparse_operand():
     A = pg.from_edge_index([[0, 1], [1, 0]], num_nodes=2)
     with pytest.raises(ShapeError, match=r"no sparse form.*\(2, 2\) \(csr\)"):
         pg.maximum(A, 0)
+
+
+def test_min_minimum_abs_on_unsigned_and_bool_do_not_wrap():
+    u = pg.tensor(np.array([0, 5], dtype=np.uint8))
+    v = pg.tensor(np.array([5, 0], dtype=np.uint8))
+    assert pg.minimum(u, v).tolist() == [0, 0] and u.min().item() == 0 and pg.abs(u).tolist() == [0, 5]
+    assert pg.tensor([True, False]).min().item() is False
+
+
+def test_logsumexp_and_softmax_with_infinite_rows():
+    assert pg.logsumexp(pg.tensor([-np.inf, -np.inf])).item() == -np.inf
+    assert pg.logsumexp(pg.tensor([np.inf, 1.0])).item() == np.inf
+    np.testing.assert_allclose(pg.tensor([[-np.inf, 0.0]]).softmax(-1).numpy(), [[0.0, 1.0]])
+
+
+def test_mse_refuses_array_targets_that_would_broadcast():
+    with pytest.raises(ShapeError, match="mse"):
+        pg.mse(pg.ones(4, 1), np.zeros(4))
+    assert pg.mse(pg.ones(2), 1.0).item() == 0.0
