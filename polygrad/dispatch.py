@@ -26,6 +26,7 @@ import numpy as np
 
 from . import memory, reference
 from .config import config
+from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from .graph import Node
 from .inference import _RULES as _infer_rules
@@ -119,10 +120,15 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         second = inputs[1]
         if second._be is not be:
             raise _mixed(op, inputs)
+        if first.dtype != second.dtype and op in PROMOTING and needs_cast(first.dtype, second.dtype):
+            return apply(op, _promoted(op, inputs), attrs, layout)  # type: ignore[arg-type]
         shapes, dtypes = (first.shape, second.shape), (first.dtype, second.dtype)
         arrays = (first._data, second._data)
         needs_grad = first.requires_grad or second.requires_grad
     else:
+        promoted = _promoted(op, inputs) if op in PROMOTING else None
+        if promoted is not None:
+            return apply(op, promoted, attrs, layout)
         shapes, dtypes, arrays = [], [], []
         needs_grad = False
         for t in inputs:
@@ -161,6 +167,38 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
     return result
+
+
+# -- dtype promotion ------------------------------------------------------------------------------------
+
+#: ops whose operands are brought to one dtype (``dtypes.promote``) before the kernel runs, so
+#: kernels never promote on their own (numpy's rules differ: int64 + float32 -> float64)
+PROMOTING = frozenset({Op.ADD, Op.MUL, Op.POW, Op.MAXIMUM, Op.WHERE, Op.CONCAT, Op.MATMUL,
+                       Op.SPMM, Op.SDDMM})
+
+
+def kernel_dtypes(op: Op, dtypes: tuple) -> tuple:
+    """The operand dtypes a kernel of ``op`` is called with, given the user's operand dtypes
+    (the conformance kit calls kernels directly and must feed them what dispatch would)."""
+    if op not in PROMOTING:
+        return tuple(dtypes)
+    start = 1 if op == Op.WHERE else 0
+    values = dtypes[start:]
+    common = values[0]
+    for d in values[1:]:
+        common = promote(common, d)
+    if np.result_type(*values) == common:  # numpy-style kernels get it right by themselves
+        return tuple(dtypes)
+    return tuple(dtypes[:start]) + (common,) * len(values)
+
+
+def _promoted(op: Op, inputs: tuple) -> tuple | None:
+    """``inputs`` with operands cast (recorded CAST nodes) to the dtypes the kernel must see, or
+    None when they already are."""
+    want = kernel_dtypes(op, tuple(t.dtype for t in inputs))
+    if all(t.dtype == d for t, d in zip(inputs, want)):
+        return None
+    return tuple(t if t.dtype == d else apply(Op.CAST, (t,), {"dtype": d}) for t, d in zip(inputs, want))
 
 
 # -- fallback -----------------------------------------------------------------------------------------

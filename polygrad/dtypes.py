@@ -44,8 +44,28 @@ def is_floating(dtype: np.dtype) -> bool:
 
 
 def promote(a: np.dtype, b: np.dtype) -> np.dtype:
-    """Result dtype of a binary op between two tensors (numpy's rules)."""
-    return a if a == b else np.promote_types(a, b)
+    """Result dtype of an op mixing two dtypes, as PyTorch does: a float operand keeps its width
+    against ints and bools (numpy would turn int64 + float32 into float64, doubling memory), and
+    int64 with uint64 stays int64 (numpy: float64).  Otherwise numpy's rules."""
+    if a == b:
+        return a
+    if a.kind == "f" and b.kind != "f":
+        return a
+    if b.kind == "f" and a.kind != "f":
+        return b
+    if a.kind == "b":
+        return b
+    if b.kind == "b":
+        return a
+    result = np.promote_types(a, b)
+    if result.kind == "f" and a.kind != "f":  # int64 with uint64: numpy says float64
+        return int64
+    return result
+
+
+def needs_cast(a: np.dtype, b: np.dtype) -> bool:
+    """Whether numpy-style kernels would compute a different dtype than :func:`promote` says."""
+    return a != b and np.promote_types(a, b) != promote(a, b)
 
 
 def infer_from_data(data: Any) -> np.dtype:

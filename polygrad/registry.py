@@ -245,6 +245,12 @@ def get_backend() -> str:
 
 def resolve(name: "str | Backend | None" = None) -> Backend:
     if isinstance(name, Backend):
+        registry.load()
+        entry = registry.entries.get(name.name)
+        if entry is None or entry.backend is not name:
+            raise BackendUnavailableError(
+                f"backend object {name!r} is not registered; register its plugin first "
+                "(an entry point in the group 'polygrad', or pg.register_plugin)")
         return name
     return registry.get(get_backend() if name is None or (isinstance(name, str) and not name) else name)
 

@@ -37,6 +37,7 @@ import numpy as np
 from .. import reference
 from ..autodiff import no_grad, unbroadcast
 from ..backend import Backend
+from ..dispatch import kernel_dtypes
 from ..errors import FallbackWarning, PolygradError
 from ..hookspecs import hookimpl
 from ..inference import infer
@@ -225,7 +226,10 @@ def _run_kernel(backend: str, case: Case, check: str) -> tuple[np.ndarray, np.dt
         raise NotApplicable(f"backend {backend!r} provides no kernel for op '{case.op.value}' ({case.layout})")
     shape, dtype = infer(case.op, tuple(a.shape for a in case.inputs), tuple(a.dtype for a in case.inputs),
                          case.attrs)
-    arrays = [be.from_numpy(a.copy()) for a in case.inputs]
+    # operands as dispatch hands them to kernels: mixed dtypes already brought to one
+    operands = [a.astype(d, copy=False) for a, d in
+                zip(case.inputs, kernel_dtypes(case.op, tuple(a.dtype for a in case.inputs)))]
+    arrays = [be.from_numpy(a.copy()) for a in operands]
     try:
         out = kernel(*arrays, **case.attrs)
     except Exception as exc:  # noqa: BLE001 - any kernel exception is the finding
@@ -234,7 +238,7 @@ def _run_kernel(backend: str, case: Case, check: str) -> tuple[np.ndarray, np.dt
     if got_shape != tuple(shape) or got_dtype != dtype:
         raise CheckFailure(f"{_label(case, check)}: kernel returned shape {got_shape} dtype {got_dtype}, "
                            f"inference expects shape {tuple(shape)} dtype {dtype}")
-    for i, (arr, orig) in enumerate(zip(arrays, case.inputs)):
+    for i, (arr, orig) in enumerate(zip(arrays, operands)):
         if not np.array_equal(be.to_numpy(arr), orig, equal_nan=orig.dtype.kind == "f"):
             raise CheckFailure(f"{_label(case, check)}: kernel modified its input {i} in place")
     return np.asarray(be.to_numpy(out)), dtype

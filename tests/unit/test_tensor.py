@@ -134,3 +134,16 @@ def test_mse_refuses_array_targets_that_would_broadcast():
     with pytest.raises(ShapeError, match="mse"):
         pg.mse(pg.ones(4, 1), np.zeros(4))
     assert pg.mse(pg.ones(2), 1.0).item() == 0.0
+
+
+def test_floats_keep_their_width_against_ints_as_in_pytorch():
+    x = pg.randn(3, requires_grad=True)
+    assert (x * pg.arange(3)).dtype == pg.float32          # numpy would say float64
+    (x * pg.arange(3)).sum().backward()
+    assert x.grad.dtype == pg.float32 and x.grad.tolist() == [0.0, 1.0, 2.0]
+    assert (pg.arange(4).reshape(2, 2) @ pg.randn(2, 2)).dtype == pg.float32
+    assert pg.concat([pg.arange(2), pg.randn(2)]).dtype == pg.float32
+    assert pg.where(pg.tensor([True, False]), pg.arange(2), pg.randn(2)).dtype == pg.float32
+    assert (pg.randn(2) + pg.randn(2, dtype=pg.float64)).dtype == pg.float64
+    i64, u64 = pg.tensor(np.array([1], dtype=np.int64)), pg.tensor(np.array([1], dtype=np.uint64))
+    assert (i64 + u64).dtype == pg.int64
