@@ -99,11 +99,14 @@ def run_kernel(be, op: Op, layout: str, arrays: list, attrs: dict, shape: tuple,
     if kernel is None:
         raise NotImplementedError(f"backend {be.name!r} provides no kernel for op '{op}' (layout {layout})")
     out = kernel(*arrays, **attrs)
-    out_shape = be.shape(out)
-    if out_shape != shape or be.dtype(out) != dtype:
-        raise KernelFault(f"kernel for op '{op}' on backend {be.name!r} ({layout}) returned "
-                          f"shape {out_shape} dtype {be.dtype(out)}, expected {shape} {dtype}")
+    if be.shape(out) != shape or be.dtype(out) != dtype:
+        raise _contradiction(be, op, layout, out, shape, dtype)
     return out
+
+
+def _contradiction(be, op: Op, layout: str, out: Any, shape: tuple, dtype) -> KernelFault:
+    return KernelFault(f"kernel for op '{op}' on backend {be.name!r} ({layout}) returned "
+                       f"shape {be.shape(out)} dtype {be.dtype(out)}, expected {shape} {dtype}")
 
 
 def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
@@ -142,14 +145,13 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
     scalar = None
     try:
-        kernel = _tables[be.name].get((op, layout))
+        kernel = _tables.get(be.name, EMPTY).get((op, layout))
         if kernel is None:
             out = run_kernel(be, op, layout, arrays, attrs, shape, dtype)
         else:
             out = kernel(*arrays, **attrs)
-            if be.shape(out) != shape or be.dtype(out) != dtype:
-                raise KernelFault(f"kernel for op '{op}' on backend {be.name!r} ({layout}) returned "
-                                  f"shape {be.shape(out)} dtype {be.dtype(out)}, expected {shape} {dtype}")
+            if be.shape(out) != shape or be.dtype(out) != dtype:  # run_kernel's check, inlined
+                raise _contradiction(be, op, layout, out, shape, dtype)
     except KernelFault as exc:  # an output contradicting the inference: a kernel fault
         out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
     except PolygradError:  # raised on purpose (e.g. a kernel's own validation): the user's to see

@@ -1174,9 +1174,12 @@ def add_self_loops(a: Any, fill_value: float = 1.0, mode: str = "add") -> Sparse
 def gcn_norm(a: Any, add_self_loops: bool = True, fill_value: float = 1.0) -> SparseTensor:
     """GCN's propagation matrix ``D^-1/2 (A + I) D^-1/2`` (Kipf & Welling), sparse.
 
-    Self loops are added where missing (``mode="remaining"``, as PyG's ``gcn_norm`` and
-    ``polygrad.data.normalized_adjacency`` do), D is the row sum of the result, and rows of degree 0
+    Self loops are added where missing (``mode="remaining"``, as PyG's ``gcn_norm`` does: an
+    existing self loop keeps its weight), D is the row sum of the result, and rows of degree 0
     stay 0.  Differentiable w.r.t. A's values (the degrees included) when they require grad.
+    ``polygrad.data.normalized_adjacency`` (the numpy reference) agrees on simple graphs; on a
+    graph with duplicate edges or weighted self loops it differs: it de-duplicates edges and sets
+    every self loop to 1, while here duplicates are summed at construction.
     """
     a = _as_sparse("gcn_norm", a)
     if add_self_loops:
