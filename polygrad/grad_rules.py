@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from .dispatch import apply
 from .errors import GraphError
 from .ops import Op
 
@@ -25,6 +26,20 @@ Rule = Callable[..., tuple]
 
 def _needs(node) -> tuple[bool, ...]:
     return tuple(t.requires_grad for t in node.inputs)
+
+
+# Rules run on every backward: for dense-only operands they call the primitives directly, which
+# skips the user-facing wrappers' argument checks, sparse routing and layout policy (a gradient's
+# layout is the forward's business, not something to re-decide on every pass).
+
+def _mm(a, b):
+    return apply(Op.MATMUL, (a, b))
+
+
+def _swap_last(x):
+    perm = list(range(x.ndim))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    return apply(Op.PERMUTE, (x,), {"perm": tuple(perm)})
 
 
 def _neg(node, out, g):
@@ -40,7 +55,7 @@ def _log(node, out, g):
 
 
 def _relu(node, out, g):
-    return (g * (node.inputs[0] > 0),)
+    return (apply(Op.MUL, (g, node.inputs[0] > 0)),)
 
 
 def _tanh(node, out, g):
@@ -63,9 +78,9 @@ def _add(node, out, g):
 def _mul(node, out, g):
     a, b = node.inputs
     if a is b:  # x * x: one gradient, no accumulation of two halves
-        return (g * a * 2, None)
+        return (apply(Op.MUL, (g, a)) * 2, None)
     na, nb = _needs(node)
-    return (g * b if na else None, g * a if nb else None)
+    return (apply(Op.MUL, (g, b)) if na else None, apply(Op.MUL, (g, a)) if nb else None)
 
 
 def _pow(node, out, g):
@@ -101,7 +116,7 @@ def _sum(node, out, g):
     axes = node.attrs["axes"]
     if not node.attrs["keepdims"] and axes != tuple(range(len(axes))):
         g = _keepdims(g, node)  # reduced axes not leading: put them back as size 1 first
-    return (g.expand(shape),)
+    return (g if g.shape == shape else apply(Op.EXPAND, (g,), {"shape": shape}),)
 
 
 def _max(node, out, g):
@@ -160,11 +175,11 @@ def _matmul(node, out, g):
         g2 = g2.unsqueeze(-1)
     ga = gb = None
     if na:
-        ga = g2 @ b2.transpose(-1, -2)
+        ga = _mm(g2, _swap_last(b2))
         if a.ndim == 1:
             ga = ga.reshape(ga.shape[:-2] + (a.shape[0],))
     if nb:
-        gb = a2.transpose(-1, -2) @ g2
+        gb = _mm(_swap_last(a2), g2)
         if b.ndim == 1:
             gb = gb.reshape(gb.shape[:-2] + (b.shape[0],))
     return (ga, gb)
