@@ -434,11 +434,6 @@ class SparseTensor(Tensor):
     def sum(self, axis=None, keepdims: bool = False) -> Tensor:
         return sparse_sum(self, axis, keepdims)
 
-    def mean(self, axis=None, keepdims: bool = False) -> Tensor:
-        axes = normalize_axes(Op.SUM, axis, 2)
-        count = math.prod(self.shape[a] for a in axes)
-        return sparse_sum(self, axes, keepdims) * (1.0 / count if count else math.nan)
-
     def softmax(self, axis: int = -1) -> "SparseTensor":
         """Softmax over the stored entries of each row (axis=-1/1) or column (axis=0/-2)."""
         (ax,) = normalize_axes(Op.SUM, axis, 2)
