@@ -728,7 +728,8 @@ def mse(pred: Tensor, target, reduction: str = "mean") -> Tensor:
     prediction against [N] targets would otherwise broadcast to [N, N] silently)."""
     target = _as_operand(target, pred)
     if target.shape != pred.shape and target.ndim:
-        raise ShapeError(f"mse: prediction of shape {pred.shape} and target of shape {target.shape} differ")
+        raise ShapeError(f"mse: prediction of shape {pred.shape} and target of shape {target.shape} differ "
+                         "(reshape one explicitly; broadcasting them would be a silent mistake)")
     d = pred - target
     return reduce_losses(d * d, reduction, "mse")
 

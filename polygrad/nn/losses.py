@@ -12,19 +12,9 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.errors import ShapeError
-from polygrad.tensor import Tensor, reduce_losses as _reduce
+from polygrad.tensor import Tensor, mse, reduce_losses as _reduce  # mse: one definition, pg.mse
 
 __all__ = ["cross_entropy", "mse", "max_margin", "hinge", "l2_penalty", "accuracy"]
-
-
-
-def _target_like(target: Any, pred: Tensor, name: str) -> Tensor:
-    if not isinstance(target, Tensor):
-        target = pg.tensor(np.asarray(target, dtype=pred.dtype), backend=pred.backend)
-    if target.shape != pred.shape:
-        raise ShapeError(f"{name}: prediction of shape {pred.shape} and target of shape {target.shape} "
-                         "differ (reshape one explicitly; broadcasting them would be a silent mistake)")
-    return target
 
 
 def cross_entropy(logits: Tensor, target: Any, mask: Any = None, reduction: str = "mean") -> Tensor:
@@ -34,12 +24,6 @@ def cross_entropy(logits: Tensor, target: Any, mask: Any = None, reduction: str 
     nodes of a graph); the loss is averaged over those rows only.
     """
     return pg.cross_entropy(logits, target, mask=mask, reduction=reduction)
-
-
-def mse(pred: Tensor, target: Any, reduction: str = "mean") -> Tensor:
-    """Mean squared error; ``pred`` and ``target`` must have the same shape."""
-    d = pred - _target_like(target, pred, "mse")
-    return _reduce(d * d, reduction, "mse")
 
 
 def max_margin(scores: Tensor, target: Any, margin: float = 1.0, reduction: str = "mean") -> Tensor:
