@@ -194,7 +194,7 @@ def _add_common_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--monitor", action="store_true",
                    help="print the monitor's report each epoch (nnz ratios, grad norm, memory, fallbacks)")
-    p.add_argument("--graph", metavar="FILE.svg",
+    p.add_argument("--graph", metavar="FILE.gv",
                    help="draw the first step's autodiff graph (.gv/.dot as text; .svg/.png need graphviz)")
 
 
