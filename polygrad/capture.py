@@ -13,9 +13,11 @@ step.  A compiled step pays it only while it is captured::
         return loss
 
 The first call for a given guard key runs eagerly (a warm-up: optimizer state and layer caches
-get built); the second runs eagerly too, with a recorder that notes every kernel dispatch runs
-(forward, VJP rules, fused backward kernels), the optimizer calls, the random draws and where
-gradients and results end up; later calls run that *program*: a flat list of kernel calls over a
+get built); the next two run eagerly too, each with a recorder that notes every kernel dispatch
+runs (forward, VJP rules, fused backward kernels), the optimizer calls, the random draws and where
+gradients and results end up.  The two recordings must agree (same kernels, attributes and
+constants: a learning rate computed in Python and multiplied in as a number would differ, and is
+refused rather than frozen); later calls run the *program*: a flat list of kernel calls over a
 list of buffers, with no inference, validation, Node or Tensor in between.
 
 What a replay reads afresh, every call: the tensors passed as arguments, the current storage of
@@ -300,6 +302,55 @@ class _Capture:
         return True
 
 
+def _same(u: Any, v: Any) -> bool:
+    """Equality of recorded attrs/arguments that tolerates arrays (elementwise) and odd objects."""
+    if u is v:
+        return True
+    if isinstance(u, np.ndarray) or isinstance(v, np.ndarray):
+        return isinstance(u, np.ndarray) and isinstance(v, np.ndarray) and u.dtype == v.dtype \
+            and np.array_equal(u, v)
+    if isinstance(u, (tuple, list)):
+        return type(u) is type(v) and len(u) == len(v) and all(_same(a, b) for a, b in zip(u, v))
+    if isinstance(u, dict):
+        return isinstance(v, dict) and u.keys() == v.keys() and all(_same(u[k], v[k]) for k in u)
+    try:
+        return bool(u == v)
+    except Exception:  # noqa: BLE001 - objects whose == is not a plain truth value
+        return False
+
+
+def _constant_changed(a: Tensor, b: Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a._be is not b._be:
+        return True
+    return not np.array_equal(a._be.to_numpy(a._data), b._be.to_numpy(b._data), equal_nan=True)
+
+
+def _mismatch(a: _Capture, b: _Capture) -> str | None:
+    """Why two captures of the same guard key differ (None: they agree, replay is safe).
+
+    Two captures differ when the step's Python code decides something the guards do not see: a
+    learning rate or counter computed in Python and turned into a tensor (a constant the replay
+    would freeze), or control flow that depends on values."""
+    if len(a.program) != len(b.program) or a.spec[0] != b.spec[0]:
+        return "the step ran a different sequence of ops when captured twice (control flow on values?)"
+    for x, y in zip(a.program, b.program):
+        if x[0] != y[0]:
+            return "the step ran a different sequence of ops when captured twice (control flow on values?)"
+        if x[0] == _LOAD:
+            if x[2] is not y[2] and _constant_changed(x[2], y[2]):
+                return ("a value the step makes from Python numbers or host data (a learning rate? a "
+                        "counter?) changed between calls; pass it as a tensor argument")
+        elif x[0] in (_KERNEL, _FUSED):
+            if x[1] is not y[1] or x[2] != y[2] or x[3] != y[3] or not _same(x[4], y[4]) or x[5] != y[5]:
+                return f"op '{x[2][0]}' ran with different operands or attributes when captured twice"
+        elif x[0] == _HOST:
+            if getattr(x[1], "__self__", x[1]) is not getattr(y[1], "__self__", y[1]):
+                return "the step called a different optimizer when captured twice"
+        elif x[0] in (_SET_GRAD, _SET_DATA, _GRAD) and x[1] is not y[1] and x[1] != y[1]:
+            return "the step wrote gradients or storage of different tensors when captured twice"
+    return None
+
+
 # -- replay -------------------------------------------------------------------------------------------
 
 def _make(buf: list, meta: list, slot: int) -> Tensor:
@@ -487,10 +538,11 @@ def _filled(cell) -> bool:
 # -- the compiled function ---------------------------------------------------------------------------
 
 class _Entry:
-    __slots__ = ("capture", "eager_calls", "failures", "reason")
+    __slots__ = ("capture", "candidate", "eager_calls", "failures", "reason")
 
     def __init__(self) -> None:
         self.capture: _Capture | None = None
+        self.candidate: _Capture | None = None  # a first capture awaiting its check
         self.eager_calls = 0
         self.failures = 0
         self.reason = ""
@@ -588,8 +640,16 @@ class Compiled:
         finally:
             _recording.reset(token)
         try:
-            entry.capture = rec.finish(out)
+            cap = rec.finish(out)
             self.stats["captures"] += 1
+            if entry.candidate is None:  # the first capture is checked against a second one
+                entry.candidate = cap
+                return out
+            why = _mismatch(entry.candidate, cap)
+            entry.candidate = None
+            if why is not None:
+                raise _Refused(why)
+            entry.capture = cap
         except _Refused as why:
             entry.failures += 1
             entry.reason = self.reason = str(why)
