@@ -1,0 +1,391 @@
+"""pg.compile: replayed steps give exactly the eager numbers; every guard re-captures; faults in a
+replayed kernel are survived; validation, events and randomness behave as they do eagerly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polygrad as pg
+from polygrad import nn, optim
+from polygrad import data as pdata
+from polygrad.capture import CompileError
+from polygrad.demos import load_graph
+from polygrad.errors import BackendError, FallbackWarning
+from polygrad.testing import inject_fault
+
+from pathlib import Path
+
+from polygrad.train import fit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def planetoid_dir():
+    """Cora beside the checkout (../shared/data/planetoid), else None: the embedded graph is used."""
+    return pdata.find_planetoid_dir(REPO.parent / "shared" / "data" / "planetoid")
+
+
+def _moons(seed: int = 1337, steps: int = 50):
+    pg.manual_seed(seed)
+    X_np, y01 = pdata.make_moons(100, 0.1, seed=seed)
+    X = pg.tensor(X_np, dtype=pg.float64)
+    y = (y01 * 2 - 1).astype(np.float64)
+    model = nn.MLP(2, [16, 16, 1], init="micrograd", dtype=pg.float64)
+    opt = optim.SGD(model.parameters(), lr=1.0, momentum=0.9, weight_decay=2e-4,
+                    lr_schedule=lambda k: 1.0 - 0.9 * k / steps)
+
+    def step():
+        opt.zero_grad()
+        loss = nn.max_margin(model(X), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, step
+
+
+def _params(model) -> list[np.ndarray]:
+    return [p.numpy().copy() for p in model.parameters()]
+
+
+def test_moons_mlp_compiled_equals_eager_over_50_steps():
+    eager_model, eager_step = _moons()
+    model, step = _moons()
+    compiled = pg.compile(step)
+    for k in range(50):
+        assert compiled().item() == eager_step().item(), f"step {k}"
+    for a, b in zip(_params(eager_model), _params(model)):
+        np.testing.assert_array_equal(a, b)
+    assert compiled.stats["replays"] == 50 - 3 and compiled.stats["dropped"] == 0
+
+
+def _gcn(seed: int):
+    root = planetoid_dir()
+    ds = pdata.load_planetoid(root, "cora") if root is not None else load_graph()
+    pg.manual_seed(seed)
+    x = nn.csr_to_tensor(pdata.row_normalize(ds.x, dtype=np.float64))
+    model = nn.GCN(ds.num_features, 16, ds.num_classes, dropout=0.5, dtype=pg.float64)
+    opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": 5e-4},
+                      {"params": model.conv2.parameters()}], lr=0.01)
+
+    def step():
+        opt.zero_grad()
+        loss = nn.cross_entropy(model(x, ds.edge_index), ds.y, mask=ds.train_mask)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, step
+
+
+def test_gcn_with_dropout_compiled_equals_eager_over_20_epochs():
+    eager_model, eager_step = _gcn(0)
+    model, step = _gcn(0)
+    compiled = pg.compile(step)
+    for epoch in range(20):
+        pg.manual_seed(100 + epoch)  # both runs draw the same dropout masks, in the same order
+        want = eager_step().item()
+        pg.manual_seed(100 + epoch)
+        assert compiled().item() == want, f"epoch {epoch}"
+    for a, b in zip(_params(eager_model), _params(model)):
+        np.testing.assert_array_equal(a, b)
+    assert compiled.stats["replays"] == 17
+
+
+def test_replays_draw_fresh_dropout_masks():
+    x = pg.ones(4, 50, dtype=pg.float64)
+    f = pg.compile(lambda t: nn.dropout(t, 0.5) * 1.0, warmup=0)
+    outs = [f(x).numpy() for _ in range(5)]
+    assert f.stats["replays"] == 3
+    assert not np.array_equal(outs[3], outs[4])  # a replay is not a frozen mask
+    pg.manual_seed(7)
+    eager = nn.dropout(x, 0.5).numpy()
+    pg.manual_seed(7)
+    np.testing.assert_array_equal(f(x).numpy(), eager)
+
+
+# -- guards -------------------------------------------------------------------------------------------
+
+def _twins(fn):
+    """(compiled fn with no warm-up, counter of its captures)."""
+    return pg.compile(fn, warmup=0)
+
+
+def _settle(f, *args):
+    for _ in range(3):
+        f(*args)
+    assert f.stats["replays"] >= 1
+
+
+def _recaptured(f, before: int) -> bool:
+    return f.stats["captures"] > before
+
+
+def _square_sum(t):
+    return (t * t).sum()
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "requires_grad", "backend", "layout"])
+def test_each_argument_guard_recaptures(change):
+    f = _twins(_square_sum)
+    x = pg.tensor(np.arange(6.0).reshape(2, 3))
+    _settle(f, x)
+    before = f.stats["captures"]
+    if change == "shape":
+        y = pg.tensor(np.arange(8.0).reshape(2, 4))
+    elif change == "dtype":
+        y = x.float()
+    elif change == "requires_grad":
+        y = pg.tensor(x.numpy(), requires_grad=True)
+    elif change == "backend":
+        y = x.to("scalar")
+    else:
+        y = pg.tensor(np.eye(3)[:2] * 2.0, layout="csr")
+    want = float(_square_sum(y).item())
+    assert float(f(y).item()) == pytest.approx(want)
+    assert _recaptured(f, before)
+
+
+def test_sparsity_pattern_guard_recaptures():
+    def spmm(a, x):
+        return (a @ x).sum()
+
+    f = _twins(spmm)
+    x = pg.tensor(np.arange(12.0).reshape(4, 3))
+    a = pg.sparse_coo(np.array([[0, 1, 2], [1, 2, 3]]), np.array([1.0, 2.0, 3.0]), (4, 4))
+    _settle(f, a, x)
+    before = f.stats["captures"]
+    b = pg.sparse_coo(np.array([[0, 3, 3], [0, 0, 1]]), np.array([1.0, 2.0, 3.0]), (4, 4))  # same nnz
+    assert f(b, x).item() == pytest.approx(spmm(b, x).item())
+    assert _recaptured(f, before)
+
+
+def test_train_eval_mode_guard_recaptures():
+    pg.manual_seed(0)
+    model = nn.MLP(3, [8, 2], dropout=0.5, dtype=pg.float64)
+    x = pg.randn(5, 3, dtype=pg.float64)
+    f = pg.compile(lambda: model(x).sum(), warmup=0)
+    _settle(f)
+    before = f.stats["captures"]
+    model.eval()
+    with pg.no_grad():
+        want = model(x).sum().item()
+    assert f().item() == want and f().item() == want  # no dropout any more
+    assert _recaptured(f, before)
+
+
+@pytest.mark.parametrize("knob", ["fallback", "validate", "grad_mode", "default_backend"])
+def test_config_and_mode_guards_recapture(knob, monkeypatch):
+    x = pg.tensor(np.arange(6.0).reshape(2, 3))
+    f = pg.compile(lambda t: (t * 2.0).sum(), warmup=0)
+    _settle(f, x)
+    before = f.stats["captures"]
+    if knob == "fallback":
+        monkeypatch.setattr(pg.config, "fallback", "raise")
+        f(x)
+    elif knob == "validate":
+        monkeypatch.setattr(pg.config, "validate", True)
+        f(x)
+    elif knob == "grad_mode":
+        with pg.no_grad():
+            f(x)
+    else:
+        with pg.use_backend("scalar"):
+            f(x)
+    assert _recaptured(f, before)
+
+
+def test_gradient_accumulation_state_is_a_guard():
+    w = pg.tensor(np.array([1.0, 2.0]), requires_grad=True)
+
+    def step():  # no zero_grad: gradients accumulate
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    f = pg.compile(step, warmup=0)
+    for _ in range(4):
+        f()
+    np.testing.assert_array_equal(w.grad.numpy(), 4 * 2 * w.numpy())
+    before = f.stats["captures"]
+    w.grad = None  # the captured accumulation would read a gradient that is not there
+    f()
+    np.testing.assert_array_equal(w.grad.numpy(), 2 * w.numpy())
+    assert _recaptured(f, before)
+
+
+def test_python_scalar_arguments_are_guarded_by_value():
+    x = pg.tensor(np.ones(3))
+    f = pg.compile(lambda t, s: (t * s).sum(), warmup=0)
+    assert [f(x, s).item() for s in (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0)] == [3.0] * 3 + [6.0] * 4
+
+
+def test_capture_cache_is_a_bounded_lru():
+    f = pg.compile(_square_sum, cache_size=2, warmup=0)
+    for n in (2, 3, 4, 2):
+        x = pg.ones(n)
+        for _ in range(3):
+            assert f(x).item() == n
+    assert len(f._cache) == 2
+
+
+# -- what is refused, and why ------------------------------------------------------------------------
+
+def test_changing_python_constant_is_refused_not_frozen():
+    w = pg.tensor(np.array([1.0, -2.0]), requires_grad=True)
+    lr = [0.1]
+
+    def step():
+        w.grad = None
+        (w * w).sum().backward()
+        with pg.no_grad():
+            w.data = w - lr[0] * w.grad
+        lr[0] *= 0.5  # a schedule in Python: a replay would freeze it
+
+    f = pg.compile(step)
+    want = np.array([1.0, -2.0])
+    rate = 0.1
+    with pytest.warns(RuntimeWarning, match="changed between calls"):
+        for _ in range(8):
+            f()
+            want = want - rate * 2 * want
+            rate *= 0.5
+    np.testing.assert_allclose(w.numpy(), want, rtol=0, atol=0)
+    assert f.stats["replays"] == 0
+
+
+def test_float_results_replay_only_when_read_with_item():
+    x = pg.tensor(np.arange(3.0))
+    f = pg.compile(lambda t: (t * t).sum().item(), warmup=0)
+    assert [f(x) for _ in range(4)] == [5.0] * 4 and f.stats["replays"] == 2
+    g = pg.compile(lambda t: float(np.sum(t.numpy())), warmup=0)
+    with pytest.warns(RuntimeWarning, match="Python number"):
+        assert [g(x) for _ in range(4)] == [3.0] * 4
+    assert g.stats["replays"] == 0
+
+
+def test_numpy_argument_is_a_clear_error():
+    f = pg.compile(lambda a: a)
+    with pytest.raises(CompileError, match="numpy array"):
+        f(np.ones(3))
+
+
+def test_backend_can_opt_out_of_replay(monkeypatch):
+    be = pg.tensor(1.0)._be
+    monkeypatch.setattr(type(be), "supports_replay", False, raising=False)
+    f = pg.compile(_square_sum, warmup=0)
+    x = pg.ones(3)
+    with pytest.warns(RuntimeWarning, match="does not support replay"):
+        assert [f(x).item() for _ in range(4)] == [3.0] * 4
+    assert f.stats["replays"] == 0
+
+
+# -- safety --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["raise", "wrong_shape"])
+def test_fault_in_replayed_kernel_is_survived(mode):
+    eager_model, eager_step = _moons()
+    model, step = _moons()
+    compiled = pg.compile(step)
+    for _ in range(5):
+        assert compiled().item() == eager_step().item()
+    with pytest.warns(FallbackWarning):
+        with inject_fault("numpy", "matmul", mode=mode) as fault:
+            got = compiled().item()
+    assert fault.triggered >= 1
+    assert got == pytest.approx(eager_step().item(), rel=1e-12)
+    assert compiled.stats["dropped"] == 1
+    for _ in range(6):  # captured again, replayed again, still the eager numbers
+        assert compiled().item() == pytest.approx(eager_step().item(), rel=1e-12)
+    for a, b in zip(_params(eager_model), _params(model)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert compiled.stats["replays"] > 5
+
+
+def test_fault_in_replayed_fused_backward_is_survived(monkeypatch):
+    eager_model, eager_step = _gcn(0)
+    model, step = _gcn(0)
+    compiled = pg.compile(step)
+    for epoch in range(4):
+        pg.manual_seed(epoch)
+        want = eager_step().item()
+        pg.manual_seed(epoch)
+        assert compiled().item() == want
+    pg.manual_seed(99)
+    want = eager_step().item()
+    pg.manual_seed(99)
+    table = pg.registry.registry.vjp_tables["numpy"]
+    key = (pg.Op.SPMM, "csr")
+    fused = table[key]
+    calls = []
+
+    def failing_once(*args, **kwargs):  # only the fused backward kernel, only once
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected fault in the fused SpMM backward")
+        return fused(*args, **kwargs)
+
+    monkeypatch.setitem(table, key, failing_once)
+    got = compiled().item()  # the replay's fused call fails; the call re-runs eagerly
+    assert len(calls) >= 2 and got == want
+    assert compiled.stats["dropped"] == 1
+    for a, b in zip(_params(eager_model), _params(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_validate_mode_shadow_checks_replays(monkeypatch):
+    monkeypatch.setattr(pg.config, "validate", True)
+    x = pg.tensor(np.arange(6.0).reshape(2, 3))
+    f = pg.compile(lambda t: (t.exp() * 2.0).sum(), warmup=0)
+    _settle(f, x)
+    with inject_fault("numpy", "exp", mode="nan"):
+        with pytest.raises(BackendError, match="POLYGRAD_VALIDATE"):
+            f(x)
+
+
+def test_event_hooks_see_replayed_ops():
+    class Listener:
+        def __init__(self):
+            self.ops: list[str] = []
+            self.backwards = 0
+
+        @pg.hookimpl
+        def polygrad_op_executed(self, op, backend, layout, inputs, output):
+            self.ops.append(op)
+
+        @pg.hookimpl
+        def polygrad_backward_finished(self, num_nodes, seconds, grads):
+            self.backwards += 1
+            assert all(g is not None for _, g in grads)
+
+    _, step = _moons()
+    f = pg.compile(step)
+    listener = Listener()
+    pg.register_plugin(listener, name="test-compile-listener")
+    try:
+        per_call = []
+        for _ in range(6):
+            start = len(listener.ops)
+            f()
+            per_call.append(listener.ops[start:])
+    finally:
+        pg.unregister_plugin(listener)
+    assert f.stats["replays"] == 3
+    assert per_call[-1] == per_call[0] and listener.backwards == 6
+
+
+def test_fit_compiled_equals_eager():
+    def run(compiled: bool) -> tuple[list[float], list[np.ndarray]]:
+        pg.manual_seed(3)
+        X_np, y01 = pdata.make_moons(60, 0.1, seed=3)
+        X = pg.tensor(X_np, dtype=pg.float64)
+        model = nn.MLP(2, [8, 1], dtype=pg.float64)
+        opt = optim.Adam(model.parameters(), lr=0.05)
+        hist = fit(model, opt, lambda: nn.max_margin(model(X), y01 * 2.0 - 1), 15,
+                            rollback_threshold=0.01, compile=compiled)
+        return hist.losses, _params(model)
+
+    (la, pa), (lb, pb) = run(False), run(True)
+    assert la == lb
+    for a, b in zip(pa, pb):
+        np.testing.assert_array_equal(a, b)
