@@ -44,6 +44,7 @@ does not: layouts are part of the capture).  A backend opts out with ``supports_
 """
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 import types
@@ -56,11 +57,14 @@ import numpy as np
 from .config import config
 from .dispatch import _recording, fallback, is_grad_enabled, registry, validate_against_reference
 from .errors import PolygradError
+from .backend import Backend
 from .registry import get_backend
 from .sparse import SparseTensor
 from .tensor import Tensor, rng
 
 __all__ = ["compile", "Compiled", "CompileError", "fresh", "host_call"]
+
+_default_shape = Backend.shape
 
 # program entries: tuples whose first item says what to do
 _LOAD, _ARG, _GRAD, _KERNEL, _FUSED, _FRESH, _HOST, _SET_GRAD, _SET_DATA, _BACKWARD = range(10)
@@ -293,6 +297,7 @@ class _Capture:
         self.grad_guard = grad_guard
         self.fresh_draws = fresh_draws
         self.kernels = sum(1 for e in program if e[0] in (_KERNEL, _FUSED))
+        self.fast = _generate(self)
 
     def still_valid(self, flat: list) -> bool:
         for ref, had in self.grad_guard:
@@ -383,6 +388,145 @@ def _result(spec: tuple, buf: list, meta: list) -> Any:
         return {k: _result(v, buf, meta) for k, v in payload}
     items = [_result(v, buf, meta) for v in payload]
     return items if kind == "list" else tuple(items)
+
+
+class _HostFailed(Exception):
+    """Internal: host code (an optimizer call) raised during a replay; its error is the user's."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _generate(cap: _Capture) -> Callable[[list], Any] | None:
+    """The program as one Python function: a line per entry, buffers as local variables that are
+    deleted after their last use.  This is what makes a replay cheap (no loop, no dispatch on the
+    entry kind, no argument lists built per call).  None when the program has kernels after a
+    non-idempotent host call: a fault there must be handled in place, which the interpreter does.
+    """
+    stepped = False
+    for e in cap.program:
+        if e[0] == _HOST and not e[2]:
+            stepped = True
+        elif stepped and e[0] in (_KERNEL, _FUSED):
+            return None
+    env: dict[str, Any] = {"MAKE": Tensor._make, "WRAP": SparseTensor._wrap, "HostFailed": _HostFailed,
+                           "RESULT": _result, "SPEC": cap.spec, "META": cap.meta, "Mismatch": _ShapeMismatch}
+    body: list[list[str]] = []      # the lines of each entry
+    reads: list[list[int]] = []     # the slots each entry reads
+    tables: dict[tuple, str] = {}   # (vjp?, backend name, key) -> local name of the kernel
+
+    def const(value: Any) -> str:
+        name = f"C{len(env)}"
+        env[name] = value
+        return name
+
+    def kernel(fused: bool, be, key: tuple) -> str:
+        ident = (fused, be.name, key)
+        if ident not in tables:
+            tables[ident] = f"k{len(tables)}"
+        return tables[ident]
+
+    def shape_check(var: str, be, shape: tuple) -> str:
+        default = type(be).shape is _default_shape
+        got = f"{var}.shape" if default else f"{const(be.shape)}({var})"
+        return f"if {got} != {const(shape)}: raise Mismatch({const(shape)}, {got})"
+
+    def target(ref: Any) -> str:
+        return f"flat[{ref}]" if type(ref) is int else const(ref)
+
+    def rebuild(value: tuple) -> tuple[str, list[int]]:
+        if value[0] == 1:
+            be, shape, dtype = cap.meta[value[1]]
+            return f"MAKE(b{value[1]}, {const(be)}, {const(shape)}, {const(dtype)})", [value[1]]
+        if value[0] == 0:
+            return "None", []
+        if value[0] == 2:
+            return const(value[1]), []
+        inner, used = rebuild(value[2])
+        return f"WRAP({const(value[1])}, {inner})", used
+
+    def call_args(ins: tuple, kwargs: dict) -> str:
+        args = [f"b{i}" for i in ins]
+        if all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+            args += [f"{k}={const(v)}" for k, v in kwargs.items()]
+        elif kwargs:
+            args.append(f"**{const(kwargs)}")
+        return ", ".join(args)
+
+    for e in cap.program:
+        kind = e[0]
+        lines: list[str] = []
+        used: list[int] = []
+        if kind == _KERNEL:
+            _, be, key, ins, attrs, out, shape = e
+            lines = [f"b{out} = {kernel(False, be, key)}({call_args(ins, attrs)})", shape_check(f"b{out}", be, shape)]
+            used = list(ins)
+        elif kind == _FUSED:
+            _, be, key, ins, kwargs, outs = e
+            lines = [f"r = {kernel(True, be, key)}({call_args(ins, kwargs)})"]
+            for i, slot in enumerate(outs):
+                if slot >= 0:
+                    lines += [f"b{slot} = r[{i}]", shape_check(f"b{slot}", be, cap.meta[slot][1])]
+            used = list(ins)
+        elif kind == _LOAD:
+            lines = [f"b{e[1]} = {const(e[2])}._data"]
+        elif kind == _ARG:
+            lines = [f"b{e[1]} = flat[{e[2]}]._data"]
+        elif kind == _GRAD:
+            lines = [f"b{e[1]} = {const(e[2])}.grad._data"]
+        elif kind == _FRESH:
+            lines = [f"b{e[1]} = {const(e[2])}()._data"]
+        elif kind == _HOST:
+            lines = ["try:", f"    {const(e[1])}()", "except Exception as exc:", "    raise HostFailed(exc)"]
+        elif kind == _SET_GRAD:
+            value, used = rebuild(e[2])
+            lines = [f"{target(e[1])}.grad = {value}"]
+        elif kind == _SET_DATA:
+            lines = [f"{target(e[1])}._data = b{e[2]}"]
+            used = [e[2]]
+        # _BACKWARD only fires an event: the generated path runs only while no one listens
+        body.append(lines)
+        reads.append(used)
+    result_slots = sorted(_result_slots(cap.spec))
+    last: dict[int, int] = {}
+    for n, used in enumerate(reads):
+        for slot in used:
+            last[slot] = n
+    written = {int(line.split(" = ")[0][1:]) for lines in body for line in lines
+               if line.startswith("b") and " = " in line}
+    src = ["def replay(flat, tables, vjp_tables):"]
+    for (fused, name, key), local in tables.items():
+        src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
+    for n, lines in enumerate(body):
+        src += [f"    {line}" for line in lines]
+        dead = sorted(s for s, at in last.items() if at == n and s not in result_slots and s in written)
+        if dead:
+            src.append(f"    del {', '.join(f'b{s}' for s in dead)}")
+    src.append(f"    return RESULT(SPEC, {{{', '.join(f'{s}: b{s}' for s in result_slots)}}}, META)")
+    exec(builtins.compile("\n".join(src), "<pg.compile replay>", "exec"), env)
+    return env["replay"]
+
+
+def _result_slots(spec: tuple) -> set[int]:
+    kind, payload = spec[0], spec[1]
+    if kind == "tensor":
+        value, slots = payload, set()
+        while value[0] == 3:
+            value = value[2]
+        return {value[1]} if value[0] == 1 else set()
+    if kind == "item":
+        return {payload}
+    if kind == "const":
+        return set()
+    if kind == "dict":
+        return set().union(*[_result_slots(v) for _, v in payload])
+    return set().union(*[_result_slots(v) for v in payload])
+
+
+class _ShapeMismatch(Exception):
+    def __init__(self, want: tuple, got: tuple):
+        super().__init__(f"a replayed kernel returned shape {got}, the capture saw {want}")
 
 
 def _replay(cap: _Capture, flat: list) -> Any:
@@ -612,7 +756,7 @@ class Compiled:
             if cap.still_valid(flat):
                 state = rng().bit_generator.state if cap.fresh_draws else None
                 try:
-                    out = _replay(cap, flat)
+                    out = self._run(cap, flat)
                 except _ReplayFault as fault:
                     entry.capture = None
                     self.stats["dropped"] += 1
@@ -631,6 +775,19 @@ class Compiled:
             self.stats["eager"] += 1
             return self.fn(*args, **kwargs)
         return self._capture(entry, flat, args, kwargs)
+
+    @staticmethod
+    def _run(cap: _Capture, flat: list) -> Any:
+        events = registry.events
+        if (cap.fast is None or config.validate or events["polygrad_op_executed"] is not None
+                or events["polygrad_backward_finished"] is not None):
+            return _replay(cap, flat)  # the interpreter: validation and events per kernel
+        try:
+            return cap.fast(flat, registry.tables, registry.vjp_tables)
+        except _HostFailed as failed:
+            raise failed.exc from None
+        except Exception as exc:  # noqa: BLE001 - a kernel fault: the caller re-runs eagerly
+            raise _ReplayFault(exc, False) from exc
 
     def _capture(self, entry: _Entry, flat: list, args: tuple, kwargs: dict) -> Any:
         rec = _Recorder(flat)
