@@ -389,3 +389,139 @@ def test_fit_compiled_equals_eager():
     assert la == lb
     for a, b in zip(pa, pb):
         np.testing.assert_array_equal(a, b)
+
+
+# -- the same contract on other backends (cupy: the real one on a GPU, the fake one on CPU) -----------
+
+from tests.backends.test_cupy import bk, fake_gpu  # noqa: E402,F401 - fixtures: numpy, fake-cupy, cupy
+
+
+def test_compiled_sparse_step_equals_eager_on_each_backend(bk):
+    def build():
+        pg.manual_seed(5)
+        rng = np.random.default_rng(5)
+        dense = rng.random((30, 30)) * (rng.random((30, 30)) < 0.1)
+        with pg.use_backend(bk):
+            a = pg.tensor(dense, layout="csr")
+            x = pg.tensor(rng.random((30, 4)))
+            lin = nn.Linear(4, 3, dtype=pg.float64)
+        opt = optim.Adam(lin.parameters(), lr=0.05)
+
+        def step():
+            opt.zero_grad()
+            loss = (a @ nn.dropout(lin(x), 0.3)).relu().mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return lin, step
+
+    (m1, eager), (m2, step) = build(), build()
+    compiled = pg.compile(step)
+    for k in range(8):
+        pg.manual_seed(k)  # both draw the same dropout masks
+        want = eager().item()
+        pg.manual_seed(k)
+        assert compiled().item() == want, f"step {k}"
+    assert compiled.stats["replays"] == 5
+    for a, b in zip(_params(m1), _params(m2)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fault_after_the_optimizer_stepped_falls_back_in_place():
+    def build():
+        model, step = _moons()
+
+        def step_then_predict():
+            step()
+            with pg.no_grad():  # kernels after opt.step(): a re-run would step twice
+                return model(pg.tensor(np.ones((3, 2)))).tanh()
+
+        return model, step_then_predict
+
+    (m1, eager), (m2, step) = build(), build()
+    compiled = pg.compile(step)
+    for _ in range(4):
+        np.testing.assert_array_equal(compiled().numpy(), eager().numpy())
+    with pytest.warns(FallbackWarning):
+        with inject_fault("numpy", "tanh") as fault:
+            got = compiled().numpy()
+    assert fault.triggered == 1
+    np.testing.assert_allclose(got, eager().numpy(), rtol=1e-12)
+    for a, b in zip(_params(m1), _params(m2)):  # stepped once, not twice
+        np.testing.assert_array_equal(a, b)
+
+
+def test_error_raised_while_capturing_reaches_the_caller_and_nothing_is_cached():
+    calls = []
+
+    def flaky(t):
+        calls.append(1)
+        if len(calls) == 2:  # the capture call
+            raise KeyError("user bug")
+        return (t * 2.0).sum()
+
+    f = pg.compile(flaky)
+    x = pg.ones(3)
+    f(x)
+    with pytest.raises(KeyError, match="user bug"):
+        f(x)
+    assert [f(x).item() for _ in range(4)] == [6.0] * 4
+    assert f.stats["replays"] == 2
+
+
+def test_optimizer_error_in_a_replay_is_the_users_error():
+    w = pg.tensor(np.ones(2), requires_grad=True)
+    opt = optim.SGD([w], lr=1.0, lr_schedule=lambda k: 1.0 if k < 4 else float("nan"))
+
+    def step():
+        opt.zero_grad()
+        (w * w).sum().backward()
+        opt.step()
+
+    f = pg.compile(step)
+    for _ in range(4):
+        f()
+    with pytest.raises(ValueError, match="lr_schedule"):
+        f()
+    assert f.stats["dropped"] == 0
+
+
+def test_compiled_inside_a_capture_is_recorded_into_it():
+    inner = pg.compile(lambda t: t * 3.0)
+    outer = pg.compile(lambda t: inner(t).sum(), warmup=0)
+    x = pg.ones(4)
+    assert [outer(x).item() for _ in range(4)] == [12.0] * 4
+    assert outer.stats["replays"] == 2
+
+
+def test_threads_share_a_compiled_step():
+    import threading
+
+    x = pg.tensor(np.arange(5.0))
+    f = pg.compile(lambda t, s: (t * s).sum(), warmup=0)
+    errors: list[BaseException] = []
+
+    def worker(scale: float):
+        try:
+            for _ in range(30):
+                assert f(x, scale).item() == 10.0 * scale
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (1.0, 2.0, 3.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and f.stats["replays"] > 0
+
+
+def test_cli_demo_compile_flag(capsys):
+    from polygrad.cli import main
+    import json
+
+    for flag, expected in (("--compile", True), ("--no-compile", False)):
+        assert main(["demo", "moons", "--steps", "6", "--no-progress", "--json", flag]) == 0
+        record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert record["compiled"] is expected
