@@ -117,7 +117,7 @@ class _Recorder:
     """Turns one eager run into a program.  Buffers ("slots") are identified by array identity, so
     views that share storage (``detach``, ``.data``) resolve to the kernel that produced them."""
 
-    def __init__(self, flat: list):
+    def __init__(self, flat: list, state: list):
         self.program: list[tuple] = []
         self.meta: list[tuple] = []          # slot -> (backend, shape, dtype)
         self.slot_of: dict[int, int] = {}    # id(array) -> slot
@@ -128,6 +128,9 @@ class _Recorder:
         self.grad_owner: dict[int, Tensor] = {}       # id(a gradient tensor) -> the tensor it is .grad of
         self.grad_guard: list[tuple[Any, bool]] = []  # (ref, had a grad when the call started)
         self.items: dict[int, tuple[int, Any]] = {}   # id(Python number from .item()) -> (slot, number)
+        # whether each tensor the step can reach had a gradient when the call started (the step may
+        # clear it with p.grad = None before the recorder first sees p)
+        self.had_grad = {id(t): t.grad is not None for t in (*state, *flat)}
         self.host_pending = False
         self.hosts = 0
         self.problem: str | None = None
@@ -171,8 +174,11 @@ class _Recorder:
         if t.grad is not None:
             self.grad_owner[id(t.grad)] = t
             self.keep.append(t.grad)
-        if self.hosts == 0:  # the state at the start of the call: a replay must find the same
-            self.grad_guard.append((ref, t.grad is not None))
+        had = self.had_grad.get(id(t))
+        if had is None and self.hosts == 0:
+            had = t.grad is not None
+        if had is not None:  # the state at the start of the call: a replay must find the same
+            self.grad_guard.append((ref, had))
 
     def _settle(self) -> None:
         """After a host call: what it changed (new storage, cleared grads) is the new baseline."""
@@ -647,9 +653,11 @@ def _flatten(x: Any, flat: list, key: list) -> None:
         key.append(("object", x))
 
 
-def _modules_of(fn: Callable, found: dict, depth: int = 0) -> None:
+def _modules_of(fn: Callable, found: dict, tensors: dict, depth: int = 0) -> None:
     """Modules ``fn`` reaches through its closure, its ``self`` and the globals it names (train/eval
-    mode is a guard).  Duck-typed: anything with ``modules()`` and a ``training`` flag."""
+    mode is a guard), and tensors it reaches there: directly, in a list or tuple, as parameters of
+    those modules or of an optimizer (whether they have a gradient when a call starts is a guard).
+    Duck-typed: a module has ``modules()`` and a ``training`` flag, an optimizer ``param_groups``."""
     if depth > 3:
         return
     candidates: list = []
@@ -668,7 +676,13 @@ def _modules_of(fn: Callable, found: dict, depth: int = 0) -> None:
             for m in obj.modules():
                 found[id(m)] = m
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
-            _modules_of(obj, found, depth + 1)
+            _modules_of(obj, found, tensors, depth + 1)
+        elif isinstance(obj, Tensor):
+            tensors[id(obj)] = obj
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 10_000:
+            tensors.update((id(t), t) for t in obj if isinstance(t, Tensor))
+        elif isinstance(getattr(obj, "param_groups", None), list):
+            tensors.update((id(p), p) for g in obj.param_groups for p in g.get("params", ()))
 
 
 def _filled(cell) -> bool:
@@ -706,13 +720,15 @@ class Compiled:
         self.warmup = warmup
         self.enabled = enabled
         found: dict = {}
+        tensors: dict = {}
+        _modules_of(fn, found, tensors)
         if modules is not None:
+            found = {}
             for m in (modules if isinstance(modules, (list, tuple)) else [modules]):
                 for sub in m.modules():
                     found[id(sub)] = sub
-        else:
-            _modules_of(fn, found)
         self._modules = list(found.values())
+        self._tensors = list(tensors.values())
         self._cache: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0}
@@ -790,7 +806,10 @@ class Compiled:
             raise _ReplayFault(exc, False) from exc
 
     def _capture(self, entry: _Entry, flat: list, args: tuple, kwargs: dict) -> Any:
-        rec = _Recorder(flat)
+        state = [t._values if isinstance(t, SparseTensor) else t for t in self._tensors]
+        for m in self._modules:  # only at capture time: the parameter lists are walked once per module
+            state += [p._values if isinstance(p, SparseTensor) else p for p in m.parameters()]
+        rec = _Recorder(flat, state)
         token = _recording.set(rec)
         try:
             out = self.fn(*args, **kwargs)

@@ -525,3 +525,26 @@ def test_cli_demo_compile_flag(capsys):
         assert main(["demo", "moons", "--steps", "6", "--no-progress", "--json", flag]) == 0
         record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert record["compiled"] is expected
+
+
+def test_step_that_clears_gradients_itself_replays_without_recapturing():
+    params = [pg.tensor(np.array([1.0, -2.0]), requires_grad=True), pg.tensor(np.array([0.5]), requires_grad=True)]
+    opt = optim.SGD(params, lr=0.1)
+
+    def step():
+        for p in params:
+            p.grad = None  # micrograd style: not an optimizer call
+        loss = (params[0] * params[0]).sum() + (params[1] * 3.0).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    f = pg.compile(step)
+    losses = [f().item() for _ in range(10)]
+    assert f.stats["replays"] == 7 and f.stats["recaptures"] == 0
+    w, b = np.array([1.0, -2.0]), 0.5
+    for k in range(10):  # plain SGD by hand: d/dw = 2w, d/db = 3
+        assert losses[k] == pytest.approx((w * w).sum() + 3.0 * b, rel=1e-12), f"step {k}"
+        w, b = w - 0.1 * 2 * w, b - 0.1 * 3.0
+    np.testing.assert_allclose(params[0].numpy(), w, rtol=1e-12)
+    np.testing.assert_allclose(params[1].numpy(), [0.5 - 10 * 0.1 * 3.0], rtol=1e-12)
