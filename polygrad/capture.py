@@ -499,16 +499,17 @@ def _generate(cap: _Capture) -> Callable[[list], Any] | None:
     for n, used in enumerate(reads):
         for slot in used:
             last[slot] = n
-    written = {int(line.split(" = ")[0][1:]) for lines in body for line in lines
-               if line.startswith("b") and " = " in line}
+    dies: dict[int, list[int]] = {}  # entry -> the slots nothing reads after it
+    for slot, n in last.items():
+        if slot not in result_slots:
+            dies.setdefault(n, []).append(slot)
     src = ["def replay(flat, tables, vjp_tables):"]
     for (fused, name, key), local in tables.items():
         src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
     for n, lines in enumerate(body):
         src += [f"    {line}" for line in lines]
-        dead = sorted(s for s, at in last.items() if at == n and s not in result_slots and s in written)
-        if dead:
-            src.append(f"    del {', '.join(f'b{s}' for s in dead)}")
+        if n in dies:
+            src.append(f"    del {', '.join(f'b{s}' for s in sorted(dies[n]))}")
     src.append(f"    return RESULT(SPEC, {{{', '.join(f'{s}: b{s}' for s in result_slots)}}}, META)")
     exec(builtins.compile("\n".join(src), "<pg.compile replay>", "exec"), env)
     return env["replay"]
