@@ -17,8 +17,9 @@ get built); the next two run eagerly too, each with a recorder that notes every 
 runs (forward, VJP rules, fused backward kernels), the optimizer calls, the random draws and where
 gradients and results end up.  The two recordings must agree (same kernels, attributes and
 constants: a learning rate computed in Python and multiplied in as a number would differ, and is
-refused rather than frozen); later calls run the *program*: a flat list of kernel calls over a
-list of buffers, with no inference, validation, Node or Tensor in between.
+refused rather than frozen); later calls run the *program*, generated as one Python function: the
+kernel calls in order over local buffers, with no inference, validation, Node or Tensor between
+them (an interpreter of the same program serves validation mode and event listeners).
 
 What a replay reads afresh, every call: the tensors passed as arguments, the current storage of
 every other tensor the step reads (parameters, optimizer-written values), the kernels themselves
@@ -27,6 +28,7 @@ every other tensor the step reads (parameters, optimizer-written values), the ke
 optimizer, whose ``zero_grad()`` / ``step()`` calls run as they are (learning-rate schedules and
 Adam's step counter stay right).  What is frozen at capture: Python control flow, Python numbers
 and host (numpy) data the step turns into tensors itself -- pass data that changes as arguments.
+The tensors a replay returns carry no autodiff graph: call ``backward()`` inside the step.
 
 Guards (any change captures again, a bounded LRU cache of captures per function): argument
 structure, shapes, dtypes, layouts, sparsity patterns (by identity), backends and
@@ -36,8 +38,12 @@ mode of the modules the function reaches; which event hooks are implemented; and
 gradient the step accumulates into was set.
 
 Safety: a kernel that raises (or returns a shape the capture did not see) during a replay drops
-the capture and the call re-runs eagerly, through the usual fallback.  A step that falls back
-while being captured is never replayed.  ``POLYGRAD_VALIDATE=1`` shadow-checks every replayed
+the capture and the call re-runs eagerly, through the usual fallback.  Once ``optimizer.step()``
+has run in that replay a re-run would step twice, so a failing forward kernel after it is
+recomputed in place through the fallback chain instead (a failing fused backward kernel there,
+which no step written as zero_grad/forward/backward/step has, raises its error).  Errors raised by
+the optimizer itself (a bad learning-rate schedule) are the user's and propagate unchanged.  A
+step that falls back while being captured is never replayed.  ``POLYGRAD_VALIDATE=1`` shadow-checks every replayed
 kernel against the scalar reference, and ``polygrad_op_executed`` / ``polygrad_backward_finished``
 fire for replayed kernels and backward passes as they would eagerly (``polygrad_layout_chosen``
 does not: layouts are part of the capture).  A backend opts out with ``supports_replay = False``.
