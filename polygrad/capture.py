@@ -51,6 +51,7 @@ does not: layouts are part of the capture).  A backend opts out with ``supports_
 from __future__ import annotations
 
 import builtins
+import keyword
 import threading
 import time
 import types
@@ -65,12 +66,15 @@ from .dispatch import _recording, fallback, is_grad_enabled, registry, validate_
 from .errors import PolygradError
 from .backend import Backend
 from .registry import get_backend
+from .pattern import Pattern
 from .sparse import SparseTensor
 from .tensor import Tensor, rng
 
 __all__ = ["compile", "Compiled", "CompileError", "fresh", "host_call"]
 
 _default_shape = Backend.shape
+#: longest program replayed through a generated function (longer ones use the interpreter)
+MAX_GENERATED = 20_000
 
 # program entries: tuples whose first item says what to do
 _LOAD, _ARG, _GRAD, _KERNEL, _FUSED, _FRESH, _HOST, _SET_GRAD, _SET_DATA, _BACKWARD = range(10)
@@ -330,6 +334,8 @@ def _same(u: Any, v: Any) -> bool:
         return type(u) is type(v) and len(u) == len(v) and all(_same(a, b) for a, b in zip(u, v))
     if isinstance(u, dict):
         return isinstance(v, dict) and u.keys() == v.keys() and all(_same(u[k], v[k]) for k in u)
+    if isinstance(u, Pattern):  # a sparsity pattern rebuilt every call: the same one is fine to keep
+        return isinstance(v, Pattern) and u.same_as(v)
     try:
         return bool(u == v)
     except Exception:  # noqa: BLE001 - objects whose == is not a plain truth value
@@ -414,8 +420,12 @@ def _generate(cap: _Capture) -> Callable[[list], Any] | None:
     """The program as one Python function: a line per entry, buffers as local variables that are
     deleted after their last use.  This is what makes a replay cheap (no loop, no dispatch on the
     entry kind, no argument lists built per call).  None when the program has kernels after a
-    non-idempotent host call: a fault there must be handled in place, which the interpreter does.
+    non-idempotent host call: a fault there must be handled in place, which the interpreter does;
+    and for programs longer than ``MAX_GENERATED`` entries, whose source would take longer to compile
+    than the interpreter loses on them.
     """
+    if len(cap.program) > MAX_GENERATED:
+        return None
     stepped = False
     for e in cap.program:
         if e[0] == _HOST and not e[2]:
@@ -460,7 +470,7 @@ def _generate(cap: _Capture) -> Callable[[list], Any] | None:
 
     def call_args(ins: tuple, kwargs: dict) -> str:
         args = [f"b{i}" for i in ins]
-        if all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        if all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
             args += [f"{k}={const(v)}" for k, v in kwargs.items()]
         elif kwargs:
             args.append(f"**{const(kwargs)}")

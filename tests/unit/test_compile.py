@@ -548,3 +548,35 @@ def test_step_that_clears_gradients_itself_replays_without_recapturing():
         w, b = w - 0.1 * 2 * w, b - 0.1 * 3.0
     np.testing.assert_allclose(params[0].numpy(), w, rtol=1e-12)
     np.testing.assert_allclose(params[1].numpy(), [0.5 - 10 * 0.1 * 3.0], rtol=1e-12)
+
+
+def test_interpreter_and_generated_replays_agree(monkeypatch):
+    import polygrad.capture as capture
+
+    def run() -> tuple[list[float], list[np.ndarray]]:
+        model, step = _moons()
+        f = pg.compile(step)
+        losses = [f().item() for _ in range(8)]
+        return losses, _params(model), f
+
+    fast_losses, fast_params, f = run()
+    assert next(iter(f._cache.values())).capture.fast is not None
+    monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # every program through the interpreter
+    slow_losses, slow_params, g = run()
+    assert next(iter(g._cache.values())).capture.fast is None and g.stats["replays"] == 5
+    assert fast_losses == slow_losses
+    for a, b in zip(fast_params, slow_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_pattern_rebuilt_every_call_still_replays():
+    edges = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])
+    x = pg.tensor(np.arange(8.0).reshape(4, 2))
+
+    def propagate(t):
+        a = pg.from_edge_index(edges, 4)  # a new (equal) pattern object each call
+        return (a @ t).sum()
+
+    f = pg.compile(propagate, warmup=0)
+    assert [f(x).item() for _ in range(4)] == [propagate(x).item()] * 4
+    assert f.stats["replays"] == 2
