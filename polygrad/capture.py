@@ -666,7 +666,9 @@ def _flatten(x: Any, flat: list, key: list) -> None:
     elif isinstance(x, np.ndarray):
         raise CompileError(f"pg.compile: a numpy array argument {x.shape} would be frozen into the capture; "
                            "pass pg.tensor(array) instead")
-    else:  # modules, optimizers, callables: by identity (their tensors are read live)
+    elif hasattr(x, "training") and callable(getattr(x, "modules", None)):  # a module (e.g. self)
+        key.append(("module", x, tuple(m.training for m in x.modules())))
+    else:  # optimizers, callables, other objects: by identity (their tensors are read live)
         key.append(("object", x))
 
 
@@ -824,7 +826,8 @@ class Compiled:
 
     def _capture(self, entry: _Entry, flat: list, args: tuple, kwargs: dict) -> Any:
         state = [t._values if isinstance(t, SparseTensor) else t for t in self._tensors]
-        for m in self._modules:  # only at capture time: the parameter lists are walked once per module
+        arg_modules = [x for x in args if hasattr(x, "training") and callable(getattr(x, "modules", None))]
+        for m in (*self._modules, *arg_modules):  # at capture time only: parameter lists walked once
             state += [p._values if isinstance(p, SparseTensor) else p for p in m.parameters()]
         rec = _Recorder(flat, state)
         token = _recording.set(rec)
@@ -850,6 +853,11 @@ class Compiled:
             if entry.failures == 2:
                 warnings.warn(f"pg.compile({self.__name__}): runs eagerly: {why}", RuntimeWarning, stacklevel=3)
         return out
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """``@pg.compile`` on a method: ``obj.step(x)`` calls the compiled function with ``obj``
+        first (an argument like the others: a module's train/eval mode is part of the guard)."""
+        return self if obj is None else types.MethodType(self, obj)
 
     def clear(self) -> None:
         """Forget every capture (the next calls warm up and capture again)."""

@@ -580,3 +580,25 @@ def test_pattern_rebuilt_every_call_still_replays():
     f = pg.compile(propagate, warmup=0)
     assert [f(x).item() for _ in range(4)] == [propagate(x).item()] * 4
     assert f.stats["replays"] == 2
+
+
+def test_compiled_method_guards_its_module_mode():
+    class Trainer(nn.Module):
+        def __init__(self):
+            pg.manual_seed(1)
+            self.net = nn.MLP(3, [4, 1], dropout=0.5, dtype=pg.float64)
+
+        @pg.compile
+        def score(self, x):
+            return self.net(x).sum()
+
+    trainer = Trainer()
+    x = pg.ones(2, 3, dtype=pg.float64)
+    for _ in range(5):
+        trainer.score(x)
+    assert Trainer.score.stats["replays"] == 2  # a warm-up, two captures, two replays
+    trainer.eval()
+    with pg.no_grad():
+        want = trainer.net(x).sum().item()
+    assert [trainer.score(x).item() for _ in range(4)] == [want] * 4
+    assert Trainer.score.stats["replays"] == 3  # eval mode: its own warm-up and captures
