@@ -278,6 +278,9 @@ class _Recorder:
 
     def _output(self, x: Any) -> tuple:
         if isinstance(x, Tensor):
+            if id(x) in self.baseline:  # a tensor the step read, not made: eager returns the object
+                ref = self._ref(x)
+                return ("arg", ref) if type(ref) is int else ("const", x)
             return ("tensor", self._value(x), x.requires_grad)
         if x is None or isinstance(x, str):
             return ("const", x)
@@ -392,19 +395,20 @@ def _rebuild(value: tuple, buf: list, meta: list) -> Any:
     return SparseTensor._wrap(value[1], _rebuild(value[2], buf, meta))
 
 
-def _result(spec: tuple, buf: list, meta: list) -> Any:
+def _result(spec: tuple, buf: list, meta: list, flat: list) -> Any:
     kind, payload = spec[0], spec[1]
     if kind == "tensor":
-        t = _rebuild(payload, buf, meta)
-        return t
+        return _rebuild(payload, buf, meta)
     if kind == "const":
         return payload
     if kind == "item":
         be = meta[payload][0]
         return be.to_numpy(buf[payload]).reshape(()).item()
     if kind == "dict":
-        return {k: _result(v, buf, meta) for k, v in payload}
-    items = [_result(v, buf, meta) for v in payload]
+        return {k: _result(v, buf, meta, flat) for k, v in payload}
+    if kind == "arg":
+        return flat[payload]
+    items = [_result(v, buf, meta, flat) for v in payload]
     return items if kind == "list" else tuple(items)
 
 
@@ -526,7 +530,7 @@ def _generate(cap: _Capture) -> Callable[[list], Any] | None:
         src += [f"    {line}" for line in lines]
         if n in dies:
             src.append(f"    del {', '.join(f'b{s}' for s in sorted(dies[n]))}")
-    src.append(f"    return RESULT(SPEC, {{{', '.join(f'{s}: b{s}' for s in result_slots)}}}, META)")
+    src.append(f"    return RESULT(SPEC, {{{', '.join(f'{s}: b{s}' for s in result_slots)}}}, META, flat)")
     exec(builtins.compile("\n".join(src), "<pg.compile replay>", "exec"), env)
     return env["replay"]
 
@@ -540,7 +544,7 @@ def _result_slots(spec: tuple) -> set[int]:
         return {value[1]} if value[0] == 1 else set()
     if kind == "item":
         return {payload}
-    if kind == "const":
+    if kind in ("const", "arg"):
         return set()
     if kind == "dict":
         return set().union(*[_result_slots(v) for _, v in payload])
@@ -616,7 +620,7 @@ def _replay(cap: _Capture, flat: list) -> Any:
                     leaf = flat[ref] if type(ref) is int else ref
                     grads.append((leaf, _rebuild(value, buf, cap.meta)))
                 ev(num_nodes=e[1], seconds=time.perf_counter() - started, grads=grads)
-    return _result(cap.spec, buf, cap.meta)
+    return _result(cap.spec, buf, cap.meta, flat)
 
 
 def _inputs(e: tuple, buf: list, meta: list) -> tuple:

@@ -602,3 +602,22 @@ def test_compiled_method_guards_its_module_mode():
         want = trainer.net(x).sum().item()
     assert [trainer.score(x).item() for _ in range(4)] == [want] * 4
     assert Trainer.score.stats["replays"] == 3  # eval mode: its own warm-up and captures
+
+
+def test_returning_a_parameter_or_an_argument_returns_the_live_object():
+    w = pg.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    opt = optim.SGD([w], lr=0.5)
+
+    def step(x):
+        opt.zero_grad()
+        (w * x).sum().backward()
+        opt.step()
+        return w, x  # eager returns these very objects, w already updated
+
+    f = pg.compile(step)
+    x = pg.tensor(np.array([1.0, 1.0]))
+    for k in range(5):
+        got_w, got_x = f(x)
+        assert got_w is w and got_x is x
+        np.testing.assert_array_equal(w.numpy(), [1.0 - 0.5 * (k + 1), 2.0 - 0.5 * (k + 1)])
+    assert f.stats["replays"] == 2
