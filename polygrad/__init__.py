@@ -30,6 +30,7 @@ from .value import Value
 from .monitor import monitor
 from .draw import draw_graph
 from .checkpoint import load, save
+from .capture import compile  # noqa: A004 - pg.compile, like torch.compile
 
 __version__ = "0.1.0"
 
@@ -46,5 +47,5 @@ __all__ = [
     "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
     "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
-    "zeros_like", "save", "load", "monitor", "draw_graph", *_sparse_all,
+    "zeros_like", "save", "load", "monitor", "draw_graph", "compile", *_sparse_all,
 ]

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from . import grad_rules
-from .dispatch import _grad_enabled, registry
+from .dispatch import _grad_enabled, _recording, registry
 from .errors import DTypeError, GraphError, ShapeError
 from .graph import toposort
 from .ops import Op
@@ -136,6 +136,9 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
                 raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned shape "
                                   f"{be.shape(arr)} for an input of shape {t.shape}")
             grads.append(Tensor._make(arr, be, t.shape, be.dtype(arr)))
+        rec = _recording.get()
+        if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
+            rec.fused(be, (node.op, node.layout), (g, *node.inputs), {"needs": needs, **node.attrs}, grads)
         return tuple(grads)
     except KernelFault as exc:
         fault: Exception = exc
@@ -222,6 +225,9 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                     grads[key] = grads[key] + ig if key in grads else ig
             if not retain_graph:
                 node.free()
+    rec = _recording.get()
+    if rec is not None:  # pg.compile: a replay re-fires this event with the replayed gradients
+        rec.backward_finished(len(order), produced)
     ev = registry.events["polygrad_backward_finished"]
     if ev is not None:
         ev(num_nodes=len(order), seconds=time.perf_counter() - started, grads=produced)

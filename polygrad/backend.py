@@ -32,6 +32,9 @@ class Backend:
     description: str = ""
     #: install hint shown when the backend is unavailable
     install_hint: str = ""
+    #: whether ``pg.compile`` may replay this backend's kernels: they must be pure functions of
+    #: their inputs and attrs (docs/writing-a-backend.md, "Replay"); False keeps steps eager
+    supports_replay: bool = True
 
     def __init__(self) -> None:
         self.kernels: dict[tuple[str, str], Kernel] = {}

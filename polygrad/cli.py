@@ -98,7 +98,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.demo == "moons":
         result = demos.run_moons(steps=args.steps, n_samples=args.samples, noise=args.noise, seed=args.seed,
                                  backend=args.backend, plot=args.plot, progress=progress,
-                                 rollback=args.rollback, monitor=args.monitor, graph=args.graph)
+                                 rollback=args.rollback, monitor=args.monitor, graph=args.graph,
+                                 compile=args.compile)
         print(_summary_moons(result), flush=True)
     else:
         data = args.data
@@ -108,7 +109,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   "embedded synthetic graph", file=sys.stderr)
         result = demos.run_gcn(data=data, dataset=args.dataset, backend=args.backend, epochs=args.epochs,
                                seed=args.seed, runs=args.runs, plot=args.plot, progress=progress,
-                               download=args.download, monitor=args.monitor, graph=args.graph)
+                               download=args.download, monitor=args.monitor, graph=args.graph,
+                               compile=args.compile)
         if synthetic:
             print("polygrad: no --data DIR given: trained on the embedded synthetic graph (stochastic block "
                   "model); pass --data <folder with ind.cora.*> (or --download) for Cora", file=sys.stderr)
@@ -196,6 +198,9 @@ def _add_common_demo_args(p: argparse.ArgumentParser) -> None:
                    help="print the monitor's report each epoch (nnz ratios, grad norm, memory, fallbacks)")
     p.add_argument("--graph", metavar="FILE.gv",
                    help="draw the first step's autodiff graph (.gv/.dot as text; .svg/.png need graphviz)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay captured training steps (pg.compile; same numbers, less overhead); "
+                        "--no-compile runs every step eagerly")
 
 
 def build_parser() -> argparse.ArgumentParser:

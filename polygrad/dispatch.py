@@ -34,6 +34,8 @@ from .ops import NON_DIFFERENTIABLE, SPARSE, Op
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
+#: the recorder of a ``pg.compile`` capture running in this context (None: nothing is recorded)
+_recording: ContextVar[Any] = ContextVar("polygrad_recording", default=None)
 _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
@@ -165,6 +167,9 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     if needs_grad and dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get():
         result.requires_grad = True
         result._node = Node(op, inputs, attrs, layout, be, scalar)
+    rec = _recording.get()
+    if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
+        rec.kernel(op, layout, be, inputs, attrs, result)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
@@ -206,6 +211,9 @@ def _promoted(op: Op, inputs: tuple) -> tuple | None:
 # -- fallback -----------------------------------------------------------------------------------------
 
 def report_fallback(op: Op, be, layout: str, exc: BaseException) -> None:
+    rec = _recording.get()
+    if rec is not None:  # a step whose op fell back is not replayed: it stays eager
+        rec.refuse(f"op '{op}' fell back on backend {be.name!r} ({layout})")
     key = (op.value, be.name, layout)
     with _stats_lock:
         fallback_counts[key] += 1

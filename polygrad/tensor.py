@@ -131,7 +131,11 @@ class Tensor:
     def item(self) -> float | int | bool:
         if self.numel != 1:
             raise ShapeError(f"item() needs a single-element tensor, got shape {self.shape}")
-        return self.numpy().reshape(()).item()
+        value = self.numpy().reshape(()).item()
+        rec = dispatch._recording.get()
+        if rec is not None:  # pg.compile: a float returned by the step is replayed from this tensor
+            rec.item(self, value)
+        return value
 
     def detach(self) -> "Tensor":
         return Tensor._make(self._data, self._be, self.shape, self.dtype)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import polygrad as pg
+from polygrad.capture import host_call
 from polygrad.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
@@ -134,6 +135,7 @@ class Optimizer:
             g["lr"] *= factor
 
     def zero_grad(self) -> None:
+        host_call(self.zero_grad, idempotent=True)  # pg.compile replays this call
         for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
@@ -142,6 +144,7 @@ class Optimizer:
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a gradient; returns ``closure()`` if given."""
+        host_call(self.step, idempotent=False, replayable=closure is None)  # pg.compile replays it
         loss = None
         if closure is not None:
             with pg.enable_grad():
