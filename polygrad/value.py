@@ -67,7 +67,10 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from numbers import Number
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 from polygrad.errors import DTypeError, ShapeError
 
@@ -189,6 +192,19 @@ def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
 
 _new = object.__new__
 
+# The constants a Value computes with: Python and numpy numbers.  Anything else -- micrograd's own
+# Value, a tensor, a list -- would end up *inside* ``.data`` (``Value(data=Value(...))``) and fail
+# far away, so it is refused where it meets a Value.
+_PLAIN_NUMBERS = frozenset({float, int, bool})
+
+
+def _check_constant(x: Any, op: str) -> None:
+    if isinstance(x, (Number, np.generic)):
+        return
+    raise DTypeError(f"polygrad Value ({op}): got a {type(x).__module__}.{type(x).__qualname__}; a Value computes "
+                     "with polygrad Values and numbers only. Convert the other operand (float(x), or "
+                     "Value(x.data) for another engine's Value) instead of nesting two autograd engines")
+
 
 class Value:
     """A scalar in a define-by-run autograd graph (micrograd's ``Value``, without closures).
@@ -204,6 +220,8 @@ class Value:
     grad: Any
 
     def __init__(self, data: Any, _children: Iterable["Value"] = (), _op: str = "") -> None:
+        if data.__class__ not in _PLAIN_NUMBERS:
+            _check_constant(data, "Value()")
         self.data = data
         self.grad = 0
         self._mark = None
@@ -277,6 +295,8 @@ class Value:
             out._b = other
             out._code = 20  # ADD
         else:
+            if other.__class__ not in _PLAIN_NUMBERS:
+                _check_constant(other, "+")
             out.data = self.data + other
             out._code = 3  # ADDC
         out.grad = 0
@@ -293,6 +313,8 @@ class Value:
             out._b = other
             out._code = 21  # MUL
         else:
+            if other.__class__ not in _PLAIN_NUMBERS:
+                _check_constant(other, "*")
             out.data = self.data * other
             out._arg = other
             out._code = 2  # MULC
@@ -310,6 +332,8 @@ class Value:
             out._b = other
             out._code = 22  # SUB
         else:
+            if other.__class__ not in _PLAIN_NUMBERS:
+                _check_constant(other, "-")
             out.data = self.data - other
             out._code = 3  # ADDC
         out.grad = 0
@@ -318,6 +342,8 @@ class Value:
         return out
 
     def __rsub__(self, other: Any) -> "Value":
+        if other.__class__ not in _PLAIN_NUMBERS:
+            _check_constant(other, "-")
         out = _new(Value)
         out.data = other - self.data
         out.grad = 0
@@ -335,6 +361,8 @@ class Value:
             out._arg = r
             out._code = 23  # DIV
         else:
+            if other.__class__ not in _PLAIN_NUMBERS:
+                _check_constant(other, "/")
             r = _pow(other, -1)
             out.data = self.data * r
             out._arg = r
@@ -345,6 +373,8 @@ class Value:
         return out
 
     def __rtruediv__(self, other: Any) -> "Value":
+        if other.__class__ not in _PLAIN_NUMBERS:
+            _check_constant(other, "/")
         out = _new(Value)
         out.data = _pow(self.data, -1) * other  # micrograd: other * self**-1
         out.grad = 0
@@ -361,6 +391,8 @@ class Value:
             out._b = other
             out._code = 24  # POW
         else:
+            if other.__class__ not in _PLAIN_NUMBERS:
+                _check_constant(other, "**")
             try:
                 out.data = self.data ** other
             except (ZeroDivisionError, OverflowError):
@@ -376,6 +408,8 @@ class Value:
         return out
 
     def __rpow__(self, other: Any) -> "Value":
+        if other.__class__ not in _PLAIN_NUMBERS:
+            _check_constant(other, "**")
         out = _new(Value)
         out.data = _pow(other, self.data)
         out.grad = 0
@@ -394,6 +428,8 @@ class Value:
             out._b = other
             out._code = 25  # MAX
         else:
+            if other.__class__ not in _PLAIN_NUMBERS:
+                _check_constant(other, "maximum")
             b = other
             out._arg = other
             out._code = 13  # MAXC
@@ -495,6 +531,8 @@ class Value:
                 total = total + v.data
                 push(v)
             else:
+                if v.__class__ not in _PLAIN_NUMBERS:
+                    _check_constant(v, "sum_of")
                 total = total + v
         out = _new(Value)
         out.data = total
