@@ -48,6 +48,9 @@ Numerical conventions
   ``Value(0.0) ** -1`` is ``inf``, ``Value(-8.0) ** 0.5`` is ``nan``, ``Value(0.0).log()`` is
   ``-inf``, ``Value(-1.0).log()`` is ``nan``, ``Value(1000.0).exp()`` is ``inf``.  The same holds
   inside ``backward`` (e.g. the derivative of ``sqrt`` at 0 is ``inf``).
+* Operands are Values and numbers (Python's and numpy's).  Anything else -- another engine's
+  ``Value``, a tensor, a list -- raises :class:`~polygrad.errors.DTypeError` (a ``TypeError``)
+  naming its type, where micrograd would silently nest it (``Value(data=Value(...))``).
 * ``relu``: derivative 0 at 0 (micrograd's convention).
 * ``maximum``: on a tie (``a == b``) the gradient is split 0.5 / 0.5 between both operands (the
   symmetric subgradient: the mean of the one-sided derivatives, which is also what a central
@@ -194,8 +197,8 @@ _new = object.__new__
 
 # The constants a Value computes with: Python and numpy numbers.  Anything else -- micrograd's own
 # Value, a tensor, a list -- would end up *inside* ``.data`` (``Value(data=Value(...))``) and fail
-# far away, so it is refused where it meets a Value.
-_PLAIN_NUMBERS = frozenset({float, int, bool})
+# far away, so it is refused where it meets a Value.  The hot paths test ``x.__class__ is not
+# float and x.__class__ is not int`` inline (two identity checks, ~5 ns) before calling this.
 
 
 def _check_constant(x: Any, op: str) -> None:
@@ -220,7 +223,7 @@ class Value:
     grad: Any
 
     def __init__(self, data: Any, _children: Iterable["Value"] = (), _op: str = "") -> None:
-        if data.__class__ not in _PLAIN_NUMBERS:
+        if data.__class__ is not float and data.__class__ is not int:
             _check_constant(data, "Value()")
         self.data = data
         self.grad = 0
@@ -295,7 +298,7 @@ class Value:
             out._b = other
             out._code = 20  # ADD
         else:
-            if other.__class__ not in _PLAIN_NUMBERS:
+            if other.__class__ is not float and other.__class__ is not int:
                 _check_constant(other, "+")
             out.data = self.data + other
             out._code = 3  # ADDC
@@ -313,7 +316,7 @@ class Value:
             out._b = other
             out._code = 21  # MUL
         else:
-            if other.__class__ not in _PLAIN_NUMBERS:
+            if other.__class__ is not float and other.__class__ is not int:
                 _check_constant(other, "*")
             out.data = self.data * other
             out._arg = other
@@ -332,7 +335,7 @@ class Value:
             out._b = other
             out._code = 22  # SUB
         else:
-            if other.__class__ not in _PLAIN_NUMBERS:
+            if other.__class__ is not float and other.__class__ is not int:
                 _check_constant(other, "-")
             out.data = self.data - other
             out._code = 3  # ADDC
@@ -342,7 +345,7 @@ class Value:
         return out
 
     def __rsub__(self, other: Any) -> "Value":
-        if other.__class__ not in _PLAIN_NUMBERS:
+        if other.__class__ is not float and other.__class__ is not int:
             _check_constant(other, "-")
         out = _new(Value)
         out.data = other - self.data
@@ -361,7 +364,7 @@ class Value:
             out._arg = r
             out._code = 23  # DIV
         else:
-            if other.__class__ not in _PLAIN_NUMBERS:
+            if other.__class__ is not float and other.__class__ is not int:
                 _check_constant(other, "/")
             r = _pow(other, -1)
             out.data = self.data * r
@@ -373,7 +376,7 @@ class Value:
         return out
 
     def __rtruediv__(self, other: Any) -> "Value":
-        if other.__class__ not in _PLAIN_NUMBERS:
+        if other.__class__ is not float and other.__class__ is not int:
             _check_constant(other, "/")
         out = _new(Value)
         out.data = _pow(self.data, -1) * other  # micrograd: other * self**-1
@@ -391,7 +394,7 @@ class Value:
             out._b = other
             out._code = 24  # POW
         else:
-            if other.__class__ not in _PLAIN_NUMBERS:
+            if other.__class__ is not float and other.__class__ is not int:
                 _check_constant(other, "**")
             try:
                 out.data = self.data ** other
@@ -408,7 +411,7 @@ class Value:
         return out
 
     def __rpow__(self, other: Any) -> "Value":
-        if other.__class__ not in _PLAIN_NUMBERS:
+        if other.__class__ is not float and other.__class__ is not int:
             _check_constant(other, "**")
         out = _new(Value)
         out.data = _pow(other, self.data)
@@ -428,7 +431,7 @@ class Value:
             out._b = other
             out._code = 25  # MAX
         else:
-            if other.__class__ not in _PLAIN_NUMBERS:
+            if other.__class__ is not float and other.__class__ is not int:
                 _check_constant(other, "maximum")
             b = other
             out._arg = other
@@ -531,7 +534,7 @@ class Value:
                 total = total + v.data
                 push(v)
             else:
-                if v.__class__ not in _PLAIN_NUMBERS:
+                if v.__class__ is not float and v.__class__ is not int:
                     _check_constant(v, "sum_of")
                 total = total + v
         out = _new(Value)
