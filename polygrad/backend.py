@@ -112,7 +112,8 @@ def contract_problem(backend: Backend) -> str:
             return f"{name}: from_numpy({what}) returned None; it must return the backend's array"
         for method, want, check in (
                 ("shape", f"the shape as a tuple of ints, here {probe.shape}",
-                 lambda r: isinstance(r, tuple) and r == probe.shape and all(type(s) is int for s in r)),
+                 lambda r: isinstance(r, tuple) and r == probe.shape
+                 and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in r)),
                 ("dtype", f"a numpy.dtype, here numpy.dtype({str(probe.dtype)!r})",
                  lambda r: isinstance(r, np.dtype) and r == probe.dtype),
                 ("to_numpy", f"a numpy.ndarray equal to the array given to from_numpy ({what})",
