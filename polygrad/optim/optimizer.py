@@ -48,6 +48,10 @@ class Optimizer:
     ``lr_schedule``: a callable of the step number (0 for the first ``step()``) returning a
     *multiplier* of each group's ``lr`` (PyTorch's LambdaLR convention); with ``lr=1.0`` it is
     the learning rate itself, e.g. micrograd's ``lambda k: 1.0 - 0.9 * k / 100``.
+    PyTorch's schedulers (:mod:`polygrad.optim.lr_scheduler`) write the groups' ``lr`` instead.
+
+    A parameter moved to another backend (``Module.to``) keeps its identity, and its state here
+    is re-created on that backend at the next ``step()``.
     """
 
     #: hyper-parameters every group gets (subclasses extend)

@@ -264,10 +264,10 @@ def _fmt(x: Any) -> str:
 
 
 def _array_text(a: np.ndarray) -> str:
+    """Nested lists of Python scalars (``repr`` is stable across numpy versions, array2string is not)."""
     if a.size == 0:
         return f"[] (shape {a.shape})"
-    text = np.array2string(a, separator=", ", floatmode="unique").replace("\n", "")
-    return " ".join(text.split())
+    return repr(a.tolist())
 
 
 def _example_line(op: Op, ex: Example) -> str:

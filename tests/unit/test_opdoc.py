@@ -29,7 +29,7 @@ def test_page_covers_every_op_with_a_section_and_a_table_row():
 def test_the_edge_cases_the_issue_names_are_documented_with_computed_examples():
     text = opdoc.render()
     assert "axes=() is no reduction: `sum([[1, 2], [3, 4]], axes=(), keepdims=False)` → `[[1, 2], [3, 4]]`" in text
-    assert "rows [[0, 2], [], [1]])` → `[-1., 0., -3.]`" in text                  # segment_max: empty row is 0
+    assert "rows [[0, 2], [], [1]])` → `[-1.0, 0.0, -3.0]`" in text                  # segment_max: empty row is 0
     assert "index=(slice(None, None, -1),))` → `[30, 20, 10]`" in text              # reversed slice
     assert "index=([-1, 0, 0],))` → `[30, 10, 10]`" in text                         # negative indices
     assert "repeats accumulate" in text and "read-only" in text
