@@ -71,41 +71,41 @@ _PATTERN_ATTR = ("pattern", "polygrad.pattern.Pattern",
                  "handing them to a library that requires writeable memory")
 
 SPECS: dict[Op, OpSpec] = {
-    Op.NEG: OpSpec("-x", "x", output="shape and dtype of x",
+    Op.NEG: OpSpec("`-x`", "x", output="shape and dtype of x",
                    edges=("Not defined for bool (DTypeError before any kernel).", "-0.0 for 0.0 (IEEE)."),
                    examples=(Example("ints stay ints", (np.array([1, -2, 0]),)),)),
-    Op.EXP: OpSpec("e**x", "x (floating)", output="shape and dtype of x",
+    Op.EXP: OpSpec("`e ** x`", "x (floating)", output="shape and dtype of x",
                    edges=("Integer inputs are cast to the default float before the op (by Tensor.exp).",
                           "Overflow gives inf, never an exception."),
                    examples=(Example("overflow and -inf", (np.array([0.0, 1000.0, -np.inf]),)),)),
-    Op.LOG: OpSpec("natural logarithm", "x (floating)", output="shape and dtype of x",
+    Op.LOG: OpSpec("Natural logarithm", "x (floating)", output="shape and dtype of x",
                    edges=("log(0) = -inf and log(x < 0) = nan, as IEEE/numpy; never an exception.",),
                    examples=(Example("0 and negatives", (np.array([1.0, 0.0, -1.0]),)),)),
-    Op.RELU: OpSpec("max(x, 0)", "x", output="shape and dtype of x",
+    Op.RELU: OpSpec("`max(x, 0)`", "x", output="shape and dtype of x",
                     edges=("Gradient at exactly 0 is 0 (micrograd's and PyTorch's convention).",
                            "Not defined for bool.",
                            "The sign of a zero result is not checked (the reference gives -0.0 for a "
                            "negative input, numpy's maximum gives 0.0)."),
                     examples=(Example("negative, zero, positive", (np.array([-1.5, 0.0, 2.0]),)),)),
-    Op.TANH: OpSpec("hyperbolic tangent", "x (floating)", output="shape and dtype of x",
+    Op.TANH: OpSpec("Hyperbolic tangent", "x (floating)", output="shape and dtype of x",
                     examples=(Example("saturates without overflow", (np.array([0.0, 1000.0, -1000.0]),)),)),
-    Op.RECIPROCAL: OpSpec("1 / x", "x (floating)", output="shape and dtype of x",
+    Op.RECIPROCAL: OpSpec("`1 / x`", "x (floating)", output="shape and dtype of x",
                           edges=("1/0 = inf, 1/-0.0 = -inf (IEEE), never ZeroDivisionError.",),
                           examples=(Example("signed zeros", (np.array([2.0, 0.0, -0.0]),)),)),
-    Op.CAST: OpSpec("convert to another dtype", "x",
+    Op.CAST: OpSpec("Convert to another dtype", "x",
                     attrs=(("dtype", "numpy.dtype", "the target dtype (float32, float64, int32, int64, bool)"),),
                     output="shape of x, dtype `dtype`",
                     edges=("Float to int truncates toward zero (numpy's astype); to bool is `x != 0`.",),
                     examples=(Example("float to int64 truncates", (np.array([1.7, -1.7, 0.0]),),
                                       {"dtype": np.dtype("int64")}),
                               Example("to bool", (np.array([0.0, -2.0]),), {"dtype": np.dtype("bool")}))),
-    Op.ADD: OpSpec("a + b", "a, b", output="broadcast shape; promoted dtype (numpy's rules on the two dtypes)",
+    Op.ADD: OpSpec("`a + b`", "a, b", output="broadcast shape; promoted dtype (numpy's rules on the two dtypes)",
                    edges=_ELEMENTWISE_EDGES + ("bool + bool is a DTypeError.",),
                    examples=(Example("broadcasting a row", (np.array([[1.0], [2.0]]), np.array([10.0, 20.0]))),)),
-    Op.MUL: OpSpec("a * b", "a, b", output="broadcast shape; promoted dtype (bool * bool is allowed: logical and)",
+    Op.MUL: OpSpec("`a * b`", "a, b", output="broadcast shape; promoted dtype (bool * bool is allowed: logical and)",
                    edges=_ELEMENTWISE_EDGES + ("0 * inf = nan.",),
                    examples=(Example("0 * inf", (np.array([0.0, 2.0]), np.array([np.inf, 3.0]))),)),
-    Op.POW: OpSpec("a ** b", "a, b",
+    Op.POW: OpSpec("`a ** b`", "a, b",
                    output="broadcast shape; promoted dtype, which must be floating (two int operands are "
                           "cast to float by the Tensor API first)",
                    edges=_ELEMENTWISE_EDGES + (
@@ -113,23 +113,23 @@ SPECS: dict[Op, OpSpec] = {
                        "The gradient w.r.t. b is `a**b * log(a)`: defined for a > 0, 0 for a == 0 and b > 0, "
                        "nan otherwise."),
                    examples=(Example("IEEE results", (np.array([0.0, -8.0, 2.0]), np.array([-1.0, 0.5, 10.0]))),)),
-    Op.MAXIMUM: OpSpec("elementwise max(a, b)", "a, b", output="broadcast shape; promoted dtype",
+    Op.MAXIMUM: OpSpec("Elementwise `max(a, b)`", "a, b", output="broadcast shape; promoted dtype",
                        edges=_ELEMENTWISE_EDGES + (
                            "NaN in either operand gives NaN (numpy's maximum, not fmax).",
                            "On a tie the gradient is split 0.5 / 0.5 between a and b."),
                        examples=(Example("NaN propagates", (np.array([1.0, np.nan, 3.0]), np.array([2.0, 0.0, 3.0]))),)),
-    **{op: OpSpec(f"elementwise comparison `{sym}`", "a, b", output="broadcast shape; dtype bool",
+    **{op: OpSpec(f"Elementwise comparison `{sym}`", "a, b", output="broadcast shape; dtype bool",
                   edges=_ELEMENTWISE_EDGES + ("No gradient: the output never requires grad.",
                                               "Comparisons with NaN are False, except `ne` which is True."),
                   examples=(Example("with NaN", (np.array([1.0, np.nan]), np.array([1.0, np.nan]))),))
        for op, sym in ((Op.LT, "<"), (Op.LE, "<="), (Op.GT, ">"), (Op.GE, ">="), (Op.EQ, "=="), (Op.NE, "!="))},
-    Op.WHERE: OpSpec("`a if cond else b`, elementwise", "cond (bool), a, b",
+    Op.WHERE: OpSpec("Elementwise `a if cond else b`", "cond (bool), a, b",
                      output="broadcast shape of all three; promoted dtype of a and b",
                      edges=("cond must be bool (DTypeError otherwise).",
                             "Gradient flows to a where cond is True and to b where it is False; none to cond."),
                      examples=(Example("broadcast scalar branch", (np.array([True, False, True]),
                                                                    np.array([1.0, 2.0, 3.0]), np.array(0.0))),)),
-    Op.SUM: OpSpec("sum over axes", "x",
+    Op.SUM: OpSpec("Sum over axes", "x",
                    attrs=(("axes", "tuple[int, ...]", "the axes to reduce: sorted, non-negative, distinct; may be "
                            "empty, which means *no* reduction (not 'all axes')"),
                           ("keepdims", "bool", "keep reduced axes as size 1")),
@@ -142,7 +142,7 @@ SPECS: dict[Op, OpSpec] = {
                              Example("empty axis sums to 0", (np.zeros((2, 0)),), {"axes": (1,), "keepdims": True}),
                              Example("bool counts as int64", (np.array([True, True, False]),),
                                      {"axes": (0,), "keepdims": False}))),
-    Op.MAX: OpSpec("maximum over axes", "x",
+    Op.MAX: OpSpec("Maximum over axes", "x",
                    attrs=(("axes", "tuple[int, ...]", "as for sum; empty means no reduction"),
                           ("keepdims", "bool", "keep reduced axes as size 1")),
                    output="as sum's shape; dtype of x",
@@ -152,23 +152,23 @@ SPECS: dict[Op, OpSpec] = {
                    examples=(Example("per row", (np.array([[1.0, 5.0], [7.0, -1.0]]),),
                                      {"axes": (1,), "keepdims": False}),
                              Example("empty axis is an error", (np.zeros((2, 0)),), {"axes": (1,), "keepdims": False}))),
-    Op.RESHAPE: OpSpec("same elements, row-major, new shape", "x",
+    Op.RESHAPE: OpSpec("Same elements, row-major, new shape", "x",
                        attrs=(("shape", "tuple[int, ...]", "the target shape, fully resolved (no -1)"),),
                        output="`shape`; dtype of x",
                        edges=("The element count must match (ShapeError otherwise).",
                               "Zero-size shapes are valid: (0, 3) to (3, 0)."),
                        examples=(Example("to a column", (np.array([1, 2, 3]),), {"shape": (3, 1)}),)),
-    Op.PERMUTE: OpSpec("reorder axes (numpy transpose)", "x",
+    Op.PERMUTE: OpSpec("Reorder axes (numpy transpose)", "x",
                        attrs=(("perm", "tuple[int, ...]", "a permutation of range(x.ndim), non-negative"),),
                        output="x.shape permuted; dtype of x",
                        examples=(Example("transpose", (np.array([[1, 2, 3], [4, 5, 6]]),), {"perm": (1, 0)}),)),
-    Op.EXPAND: OpSpec("broadcast to a larger shape", "x",
+    Op.EXPAND: OpSpec("Broadcast to a larger shape", "x",
                       attrs=(("shape", "tuple[int, ...]", "the target; x must broadcast to it"),),
                       output="`shape`; dtype of x",
                       edges=("The result may be a read-only broadcast view; the gradient sums over the "
                              "broadcast axes.",),
                       examples=(Example("row to matrix", (np.array([1.0, 2.0]),), {"shape": (2, 2)}),)),
-    Op.GETITEM: OpSpec("numpy basic and advanced indexing `x[index]`", "x",
+    Op.GETITEM: OpSpec("Numpy basic and advanced indexing, `x[index]`", "x",
                        attrs=(("index", "tuple", "already normalised by polygrad; each item is one of: an int "
                                "(may be negative: counts from the end), a slice (any start/stop/step, negative "
                                "step reverses), None (new axis), Ellipsis, or an int64 numpy array (may hold "
@@ -185,7 +185,7 @@ SPECS: dict[Op, OpSpec] = {
                                          {"index": (np.array([-1, 0, 0]),)}),
                                  Example("None and Ellipsis", (np.array([[1, 2], [3, 4]]),),
                                          {"index": (Ellipsis, None, 0)}))),
-    Op.INDEX_ADD: OpSpec("zeros(shape) with src added at index (scatter-add)", "src",
+    Op.INDEX_ADD: OpSpec("`zeros(shape)` with `src` added at `index` (scatter-add)", "src",
                          attrs=(("index", "tuple", "the same forms as getitem's index, selecting positions of "
                                  "the *target*"),
                                 ("shape", "tuple[int, ...]", "the shape of the output (the target)")),
@@ -196,37 +196,37 @@ SPECS: dict[Op, OpSpec] = {
                                 "Positions no index reaches are 0."),
                          examples=(Example("repeats accumulate", (np.array([1.0, 2.0, 3.0]),),
                                            {"index": (np.array([0, 2, 0]),), "shape": (4,)}),)),
-    Op.CONCAT: OpSpec("join along an existing axis", "x0, x1, ... (two or more)",
+    Op.CONCAT: OpSpec("Join along an existing axis", "x0, x1, ... (two or more)",
                       attrs=(("axis", "int", "non-negative axis to join along"),),
                       output="shapes equal except on `axis`, whose sizes add; dtype promoted over all inputs",
                       edges=("Zero-size inputs are valid and contribute nothing.",
                              "A single input never reaches the kernel (returned as is)."),
                       examples=(Example("with an empty part", (np.array([[1, 2]]), np.zeros((0, 2), dtype=np.int64),
                                                                np.array([[3, 4]])), {"axis": 0}),)),
-    Op.MATMUL: OpSpec("matrix product (numpy matmul)", "a, b",
+    Op.MATMUL: OpSpec("Matrix product (numpy matmul)", "a, b",
                       output="numpy matmul's shape (1-D operands are promoted and the added axis removed; "
                              "batch axes broadcast); promoted dtype; not defined for bool",
                       edges=("An inner dimension of 0 gives zeros.", "Both operands are at least 1-D."),
                       examples=(Example("vector @ matrix", (np.array([1.0, 2.0]), np.array([[1.0, 0.0], [0.0, 3.0]]))),
                                 Example("inner dimension 0", (np.zeros((2, 0)), np.zeros((0, 2)))))),
-    Op.SPMM: OpSpec("sparse @ dense: `A @ X` with A = (pattern, values)", "values (1-D, nnz), x (1-D or 2-D)",
+    Op.SPMM: OpSpec("Sparse @ dense: `A @ X` with `A = (pattern, values)`", "values (1-D, nnz), x (1-D or 2-D)",
                     attrs=(_PATTERN_ATTR,),
                     output="(pattern rows,) + x.shape[1:]; promoted dtype of values and x",
                     edges=("Rows with no nonzeros give 0.", "x has pattern-cols rows.",
                            "The gradient w.r.t. values is an SDDMM (nnz numbers), never a dense matrix."),
                     examples=(Example("row 1 empty", (np.array([1.0, 2.0, 3.0]), np.array([[1.0], [10.0], [100.0]])),
                                       {"pattern": _A}),)),
-    Op.SDDMM: OpSpec("`(P @ Q.T)` sampled at the pattern's nonzeros", "p (rows x F), q (cols x F)",
+    Op.SDDMM: OpSpec("`P @ Q.T` sampled at the pattern's nonzeros", "p (rows x F), q (cols x F)",
                      attrs=(_PATTERN_ATTR,),
                      output="(nnz,) in the pattern's canonical order; promoted dtype of p and q",
                      edges=("F = 0 gives zeros.", "Never forms the dense rows x cols product."),
                      examples=(Example("three nonzeros", (np.array([[1.0], [2.0], [3.0]]),
                                                           np.array([[10.0], [20.0], [30.0]])), {"pattern": _A}),)),
-    Op.SEGMENT_SUM: OpSpec("row sums of the sparse matrix (pattern, values)", "values (1-D, nnz)",
+    Op.SEGMENT_SUM: OpSpec("Row sums of the sparse matrix `(pattern, values)`", "values (1-D, nnz)",
                            attrs=(_PATTERN_ATTR,), output="(pattern rows,); dtype of values",
                            edges=("Empty rows give 0.", "Deterministic: rows are reduced in order (no atomics)."),
                            examples=(Example("row 1 empty", (np.array([1.0, 2.0, 3.0]),), {"pattern": _A}),)),
-    Op.SEGMENT_MAX: OpSpec("row maxima over the stored entries", "values (1-D, nnz)",
+    Op.SEGMENT_MAX: OpSpec("Row maxima over the stored entries", "values (1-D, nnz)",
                            attrs=(_PATTERN_ATTR,), output="(pattern rows,); dtype of values",
                            edges=("Empty rows give 0 (not -inf).", "No gradient (used as a detached shift)."),
                            examples=(Example("row 1 empty", (np.array([-1.0, -2.0, -3.0]),), {"pattern": _A}),)),
@@ -321,7 +321,7 @@ def render() -> str:
         out.append(f"| [`{op.value}`](#{op.value}) | {_group(op)} | {spec.inputs} | {attrs} | {layouts} | {grad} |")
     for op in ops:
         spec = SPECS[op]
-        out += ["", f"## {op.value}", "", f"{spec.summary[0].upper()}{spec.summary[1:]}.", "",
+        out += ["", f"## {op.value}", "", f"{spec.summary}.", "",
                 f"- **inputs**: {spec.inputs}"]
         for name, typ, meaning in spec.attrs:
             out.append(f"- **attr `{name}`** (`{typ}`): {meaning}")
@@ -348,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.path} is stale: run `python -m polygrad.testing.opdoc`", file=sys.stderr)
             return 1
         return 0
+    if not args.path.parent.is_dir():
+        print(f"{args.path.parent}/ does not exist: run this from the source checkout's root", file=sys.stderr)
+        return 2
     args.path.write_text(text, encoding="utf-8")
     print(f"wrote {args.path}")
     return 0
