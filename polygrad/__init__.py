@@ -21,7 +21,7 @@ from .interop import from_dlpack
 from .ops import Op, list_ops
 from .registry import get_backend, list_backends, register_plugin, set_backend, unregister_plugin, use_backend
 from .tensor import (
-    Tensor, abs, arange, argmax, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
+    Tensor, abs, arange, argmax, argmin, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
     log_softmax, logsumexp, manual_seed, matmul, max, maximum, mean, min, minimum, mse, mul, ones,
     ones_like, permute, pow, rand, randn, reshape, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
     transpose, unsqueeze, where, zeros, zeros_like, add,
@@ -40,7 +40,7 @@ from .sparse import __all__ as _sparse_all  # noqa: E402
 
 __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
-    "argmax", "backward", "bool_", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
+    "argmax", "argmin", "backward", "bool_", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
     "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
     "from_dlpack", "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",

@@ -86,3 +86,46 @@ class KernelOverride:
     priority: int = 10
     #: "forward" (a forward kernel) or "vjp" (a fused backward kernel)
     kind: str = "forward"
+
+
+# -- the array contract, checked once per backend -------------------------------------------------------
+# Every op goes through from_numpy / shape / dtype / to_numpy, so a backend that gets one of them
+# wrong fails *every* op with an error naming none of them (e.g. a dtype() left returning the
+# framework's own dtype: "Cannot interpret 'torch.float64' as a data type").  The registry probes
+# them once, when the backend is first checked, and reports the method and what it must return.
+_PROBES = (np.arange(6, dtype=np.float64).reshape(2, 3), np.array([3, -1, 7], dtype=np.int64),
+           np.array(0.5, dtype=np.float32))
+
+
+def _kind(x: Any) -> str:
+    return f"{x!r:.80} (a {type(x).__module__}.{type(x).__qualname__})"
+
+
+def contract_problem(backend: Backend) -> str:
+    """"" when ``backend``'s array methods keep the contract, else one line naming the first method
+    that breaks it and what it must return.  Runs ``from_numpy`` on three tiny arrays."""
+    name = f"backend {backend.name!r}"
+    for probe in _PROBES:
+        what = f"a {probe.dtype} array of shape {probe.shape}"
+        try:
+            array = backend.from_numpy(probe)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            return f"{name}: from_numpy({what}) raised {type(exc).__name__}: {exc}"
+        if array is None:
+            return f"{name}: from_numpy({what}) returned None; it must return the backend's array"
+        for method, want, check in (
+                ("shape", f"the shape as a tuple of ints, here {probe.shape}",
+                 lambda r: isinstance(r, tuple) and r == probe.shape
+                 and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in r)),
+                ("dtype", f"a numpy.dtype, here numpy.dtype({str(probe.dtype)!r})",
+                 lambda r: isinstance(r, np.dtype) and r == probe.dtype),
+                ("to_numpy", f"a numpy.ndarray equal to the array given to from_numpy ({what})",
+                 lambda r: isinstance(r, np.ndarray) and r.shape == probe.shape and r.dtype == probe.dtype
+                 and np.array_equal(r, probe))):
+            try:
+                result = getattr(backend, method)(array)
+            except Exception as exc:  # noqa: BLE001
+                return f"{name}: {method}() raised {type(exc).__name__}: {exc}; it must return {want}"
+            if not check(result):
+                return f"{name}: {method}() returned {_kind(result)}; it must return {want}"
+    return ""

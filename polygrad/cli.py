@@ -203,11 +203,41 @@ def _add_common_demo_args(p: argparse.ArgumentParser) -> None:
                         "--no-compile runs every step eagerly")
 
 
+def version_report() -> str:
+    """polygrad's version, then one line per distribution that provides plugins (entry-point group
+    ``polygrad``) with its version and what it provides; failed plugins say so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import polygrad as pg
+
+    lines = [f"polygrad {pg.__version__}"]
+    provided: dict[str, list[str]] = {}
+    for info in pg.list_backends():
+        note = "" if info.status == "ok" else f" [{info.status}]"
+        provided.setdefault(info.origin, []).append(info.name + note)
+    for origin in sorted(provided):
+        try:
+            ver = version(origin) if not origin.startswith("<") else ""
+        except PackageNotFoundError:
+            ver = "?"
+        lines.append(f"  {origin} {ver}".rstrip() + f": {', '.join(provided[origin])}")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, computed only when asked (it loads the plugins to list their versions)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        print(version_report())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     import polygrad
 
     parser = argparse.ArgumentParser(prog="polygrad", description="polygrad: autograd for sparse, irregular data")
-    parser.add_argument("--version", action="version", version=f"polygrad {polygrad.__version__}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show polygrad's version and each discovered plugin's, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("backends", help="list the discovered backends (name, available, reason, origin)")
@@ -255,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:  # the kit parses its own arguments, --help included
+        args = argparse.Namespace(func=cmd_check, check_args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return EXIT_USAGE

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import pluggy
 
 from . import hookspecs
-from .backend import Backend, KernelOverride
+from .backend import Backend, KernelOverride, contract_problem
 from .errors import BackendUnavailableError
 from .ops import Op
 
@@ -200,6 +200,9 @@ class Registry:
         try:
             ok = bool(entry.backend.is_available())
             entry.reason = "" if ok else str(entry.backend.unavailable_reason())
+            if ok:  # an available backend whose array methods break the contract would fail every op
+                entry.error = entry.reason = contract_problem(entry.backend)
+                ok = not entry.reason
         except BaseException as exc:  # noqa: BLE001 - a broken backend must not break us
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -253,6 +256,25 @@ def resolve(name: "str | Backend | None" = None) -> Backend:
                 "(an entry point in the group 'polygrad', or pg.register_plugin)")
         return name
     return registry.get(get_backend() if name is None or (isinstance(name, str) and not name) else name)
+
+
+def owner_of(array: Any) -> Backend | None:
+    """The available backend whose ``owns(array)`` is true (the selected one first), or None.
+
+    Lets ``pg.tensor(x)`` keep a backend's native array on that backend.  A backend whose
+    ``owns`` raises is treated as not owning it."""
+    registry.load()
+    current = registry.entries.get(get_backend())
+    for entry in ([current] if current else []) + list(registry.entries.values()):
+        if entry.backend is None:
+            continue
+        registry._check(entry)
+        try:
+            if entry.available and entry.backend.owns(array):
+                return entry.backend
+        except Exception:  # noqa: BLE001 - a broken owns() must not break pg.tensor
+            continue
+    return None
 
 
 def set_backend(name: str) -> None:

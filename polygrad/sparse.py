@@ -38,6 +38,7 @@ from . import memory
 from .config import config
 from .dispatch import is_grad_enabled
 from .dtypes import as_dtype, default_float
+from .torch_names import accept_torch_names
 from .errors import (DTypeError, GraphError, MixedBackendError, NonFiniteError, ShapeError,
                      SparseIndexError)
 from .inference import normalize_axes
@@ -469,6 +470,11 @@ class SparseTensor(Tensor):
             extra += ", requires_grad=True" if self._node is None else f", grad_fn={self.op}"
         return (f"{head}indices={idx},\n{pad}values={vals},\n{pad}shape={self.shape}, nnz={self.nnz}, "
                 f"layout={self.layout!r}, {extra})")
+
+
+# dim=/keepdim= as for dense tensors (see polygrad.torch_names)
+SparseTensor.sum = accept_torch_names(SparseTensor.sum, "SparseTensor.sum")  # type: ignore[method-assign]
+SparseTensor.softmax = accept_torch_names(SparseTensor.softmax, "SparseTensor.softmax")  # type: ignore[method-assign]
 
 
 def is_sparse(x: Any) -> bool:

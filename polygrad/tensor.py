@@ -21,7 +21,8 @@ from . import memory
 from .errors import DTypeError, GraphError, IndexOutOfRangeError, MemoryBudgetError, PolygradError, ShapeError
 from .inference import check_dims, normalize_axes
 from .ops import Op
-from .registry import resolve
+from .registry import owner_of, resolve
+from .torch_names import accept_torch_names
 
 _rng = np.random.default_rng()
 
@@ -141,7 +142,13 @@ class Tensor:
         return Tensor._make(self._data, self._be, self.shape, self.dtype)
 
     def to(self, backend: Any) -> "Tensor":
-        """Copy to another backend (e.g. ``t.to("cupy")``).  The copy is a new leaf."""
+        """Copy to another backend (e.g. ``t.to("cupy")``).  The copy is a new leaf.
+
+        Differs from PyTorch on purpose: PyTorch's ``.to`` is differentiable (gradients flow back
+        to the source); here it moves data between backends and starts a new leaf (which requires
+        grad if this tensor was a leaf that did), because one graph never mixes backends.  To
+        move a model, use :meth:`polygrad.nn.Module.to`, which moves parameters in place.
+        """
         be = resolve(backend)
         if be is self._be:
             return self
@@ -250,7 +257,8 @@ class Tensor:
     def mean(self, axis=None, keepdims: bool = False): return mean(self, axis, keepdims)
     def max(self, axis=None, keepdims: bool = False): return max(self, axis, keepdims)
     def min(self, axis=None, keepdims: bool = False): return min(self, axis, keepdims)
-    def argmax(self, axis=None): return argmax(self, axis)
+    def argmax(self, axis=None, keepdims: bool = False): return argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims: bool = False): return argmin(self, axis, keepdims)
     def softmax(self, axis: int = -1): return softmax(self, axis)
     def log_softmax(self, axis: int = -1): return log_softmax(self, axis)
     def logsumexp(self, axis=None, keepdims: bool = False): return logsumexp(self, axis, keepdims)
@@ -340,6 +348,8 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
         return from_dense_data(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
                                layout=layout, **sparse_kwargs)
     be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
+    if backend is None and not isinstance(data, (Tensor, np.ndarray, np.generic, list, tuple, Number)):
+        be = owner_of(data) or be  # a backend's own array (a torch tensor, a cupy array) stays on it
     if isinstance(data, Tensor):
         array = data.numpy()
     elif be.owns(data):
@@ -616,23 +626,36 @@ def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
 
 def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The maximum over ``axis`` (all axes by default).  ``max(dim=1)`` gives the values only -- numpy's
+    ``amax``, PyTorch's ``torch.amax`` -- not PyTorch's ``(values, indices)``: use ``argmax`` for those."""
     return apply(Op.MAX, (x,), {"axes": normalize_axes(Op.MAX, axis, x.ndim), "keepdims": keepdims})
 
 
 def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The minimum over ``axis``; like :func:`max`, the values only (``argmin`` gives the indices)."""
     if x.dtype.kind in "ub":  # negation would wrap (unsigned) or is undefined (bool)
         return (-max(-x.cast(int64), axis, keepdims)).cast(x.dtype)
     return -max(-x, axis, keepdims)
 
 
-def argmax(x: Tensor, axis=None) -> Tensor:
-    """Index of the maximum (no gradient); computed on the host."""
+def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the maximum (no gradient); computed on the host.  Ties: the first index."""
+    return _arg_extreme("argmax", np.argmax, x, axis, keepdims)
+
+
+def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the minimum (no gradient); computed on the host.  Ties: the first index."""
+    return _arg_extreme("argmin", np.argmin, x, axis, keepdims)
+
+
+def _arg_extreme(name: str, np_fn, x: Tensor, axis, keepdims: bool) -> Tensor:
     if axis is not None:
-        axis = _dim_arg("argmax", axis, builtins.max(x.ndim, 1))
+        axis = _dim_arg(name, axis, builtins.max(x.ndim, 1))
     if x.numel == 0 or (axis is not None and x.ndim and x.shape[axis] == 0):
-        raise ShapeError(f"argmax: reduction over an empty axis of shape {x.shape} has no identity")
+        raise ShapeError(f"{name}: reduction over an empty axis of shape {x.shape} has no identity")
     arr = x.numpy()
-    return tensor(np.argmax(arr, axis=axis), dtype=int64, backend=x._be)
+    out = np_fn(arr, axis=axis, keepdims=bool(keepdims)) if x.ndim else np_fn(arr)
+    return tensor(out, dtype=int64, backend=x._be)
 
 
 def _shift(x: Tensor, axis) -> Tensor:
@@ -943,3 +966,15 @@ def segment_sum(values: Tensor, pattern) -> Tensor:
 def segment_max(values: Tensor, pattern) -> Tensor:
     """Row maxima over the nonzeros (no gradient; empty rows give 0)."""
     return apply(Op.SEGMENT_MAX, (values,), {"pattern": pattern}, pattern.layout)
+
+
+# -- PyTorch's names ------------------------------------------------------------------------------------
+# dim=/keepdim= wherever axis=/keepdims= are taken (see polygrad.torch_names); wrapped here, once,
+# so each op keeps one signature in numpy's names.
+sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax, concat, stack = (  # noqa: A001
+    accept_torch_names(f) for f in (sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax,
+                                    concat, stack))
+cat = concat
+for _name in ("sum", "mean", "max", "min", "argmax", "argmin", "logsumexp", "softmax", "log_softmax"):
+    setattr(Tensor, _name, accept_torch_names(getattr(Tensor, _name), f"Tensor.{_name}"))
+del _name

@@ -48,6 +48,9 @@ Numerical conventions
   ``Value(0.0) ** -1`` is ``inf``, ``Value(-8.0) ** 0.5`` is ``nan``, ``Value(0.0).log()`` is
   ``-inf``, ``Value(-1.0).log()`` is ``nan``, ``Value(1000.0).exp()`` is ``inf``.  The same holds
   inside ``backward`` (e.g. the derivative of ``sqrt`` at 0 is ``inf``).
+* Operands are Values and numbers (Python's and numpy's).  Anything else -- another engine's
+  ``Value``, a tensor, a list -- raises :class:`~polygrad.errors.DTypeError` (a ``TypeError``)
+  naming its type, where micrograd would silently nest it (``Value(data=Value(...))``).
 * ``relu``: derivative 0 at 0 (micrograd's convention).
 * ``maximum``: on a tie (``a == b``) the gradient is split 0.5 / 0.5 between both operands (the
   symmetric subgradient: the mean of the one-sided derivatives, which is also what a central
@@ -67,7 +70,10 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from numbers import Number
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 from polygrad.errors import DTypeError, ShapeError
 
@@ -189,6 +195,19 @@ def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
 
 _new = object.__new__
 
+# The constants a Value computes with: Python and numpy numbers.  Anything else -- micrograd's own
+# Value, a tensor, a list -- would end up *inside* ``.data`` (``Value(data=Value(...))``) and fail
+# far away, so it is refused where it meets a Value.  The hot paths test ``x.__class__ is not
+# float and x.__class__ is not int`` inline (two identity checks, ~5 ns) before calling this.
+
+
+def _check_constant(x: Any, op: str) -> None:
+    if isinstance(x, (Number, np.generic)):
+        return
+    raise DTypeError(f"polygrad Value ({op}): got a {type(x).__module__}.{type(x).__qualname__}; a Value computes "
+                     "with polygrad Values and numbers only. Convert the other operand (float(x), or "
+                     "Value(x.data) for another engine's Value) instead of nesting two autograd engines")
+
 
 class Value:
     """A scalar in a define-by-run autograd graph (micrograd's ``Value``, without closures).
@@ -204,6 +223,8 @@ class Value:
     grad: Any
 
     def __init__(self, data: Any, _children: Iterable["Value"] = (), _op: str = "") -> None:
+        if data.__class__ is not float and data.__class__ is not int:
+            _check_constant(data, "Value()")
         self.data = data
         self.grad = 0
         self._mark = None
@@ -277,6 +298,8 @@ class Value:
             out._b = other
             out._code = 20  # ADD
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "+")
             out.data = self.data + other
             out._code = 3  # ADDC
         out.grad = 0
@@ -293,6 +316,8 @@ class Value:
             out._b = other
             out._code = 21  # MUL
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "*")
             out.data = self.data * other
             out._arg = other
             out._code = 2  # MULC
@@ -310,6 +335,8 @@ class Value:
             out._b = other
             out._code = 22  # SUB
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "-")
             out.data = self.data - other
             out._code = 3  # ADDC
         out.grad = 0
@@ -318,6 +345,8 @@ class Value:
         return out
 
     def __rsub__(self, other: Any) -> "Value":
+        if other.__class__ is not float and other.__class__ is not int:
+            _check_constant(other, "-")
         out = _new(Value)
         out.data = other - self.data
         out.grad = 0
@@ -335,6 +364,8 @@ class Value:
             out._arg = r
             out._code = 23  # DIV
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "/")
             r = _pow(other, -1)
             out.data = self.data * r
             out._arg = r
@@ -345,6 +376,8 @@ class Value:
         return out
 
     def __rtruediv__(self, other: Any) -> "Value":
+        if other.__class__ is not float and other.__class__ is not int:
+            _check_constant(other, "/")
         out = _new(Value)
         out.data = _pow(self.data, -1) * other  # micrograd: other * self**-1
         out.grad = 0
@@ -361,6 +394,8 @@ class Value:
             out._b = other
             out._code = 24  # POW
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "**")
             try:
                 out.data = self.data ** other
             except (ZeroDivisionError, OverflowError):
@@ -376,6 +411,8 @@ class Value:
         return out
 
     def __rpow__(self, other: Any) -> "Value":
+        if other.__class__ is not float and other.__class__ is not int:
+            _check_constant(other, "**")
         out = _new(Value)
         out.data = _pow(other, self.data)
         out.grad = 0
@@ -394,6 +431,8 @@ class Value:
             out._b = other
             out._code = 25  # MAX
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "maximum")
             b = other
             out._arg = other
             out._code = 13  # MAXC
@@ -495,6 +534,8 @@ class Value:
                 total = total + v.data
                 push(v)
             else:
+                if v.__class__ is not float and v.__class__ is not int:
+                    _check_constant(v, "sum_of")
                 total = total + v
         out = _new(Value)
         out.data = total

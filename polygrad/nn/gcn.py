@@ -98,6 +98,12 @@ class GCNConv(Module):
             self._cache_key, self._cache = (graph, key), adj
         return adj
 
+    def _move_tensors(self, be: Any) -> None:
+        super()._move_tensors(be)
+        if self._cache_key is not None:  # the cached adjacency moved with the weights: keep using it
+            graph, (num_nodes, _, dtype) = self._cache_key
+            self._cache_key = (graph, (num_nodes, be.name, dtype))
+
     def propagate(self, x: Tensor, adj: Any) -> Tensor:
         """``adj @ (x @ W) + b`` for an already normalised ``adj``."""
         if x.ndim != 2 or x.shape[1] != self.in_channels:

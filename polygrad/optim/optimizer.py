@@ -49,6 +49,10 @@ class Optimizer:
     ``lr_schedule``: a callable of the step number (0 for the first ``step()``) returning a
     *multiplier* of each group's ``lr`` (PyTorch's LambdaLR convention); with ``lr=1.0`` it is
     the learning rate itself, e.g. micrograd's ``lambda k: 1.0 - 0.9 * k / 100``.
+    PyTorch's schedulers (:mod:`polygrad.optim.lr_scheduler`) write the groups' ``lr`` instead.
+
+    A parameter moved to another backend (``Module.to``) keeps its identity, and its state here
+    is re-created on that backend at the next ``step()``.
     """
 
     #: hyper-parameters every group gets (subclasses extend)
@@ -150,6 +154,7 @@ class Optimizer:
             with pg.enable_grad():
                 loss = closure()
         factor = self.lr_factor()
+        homes = self.__dict__.setdefault("_state_homes", {})  # id(param) -> backend its state is on
         with pg.no_grad():
             for group in self.param_groups:
                 lr = group["lr"] * factor
@@ -167,6 +172,9 @@ class Optimizer:
                     x = leaf._data if fast else leaf
                     g = grad._data if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
                     state = self.state.setdefault(id(p), {})
+                    if state and homes.get(id(p)) is not leaf._be:
+                        _follow(state, leaf, fast)  # the parameter moved (Module.to): its state follows
+                    homes[id(p)] = leaf._be
                     new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
         self.step_count += 1
@@ -274,6 +282,18 @@ def _write(leaf: Tensor, new: Any, fast: bool) -> None:
     if new.dtype != leaf.dtype:
         new = new.astype(leaf.dtype)
     leaf._data = new
+
+
+def _follow(state: dict, leaf: Tensor, fast: bool) -> None:
+    """Re-create ``state``'s arrays where ``leaf`` now lives, in the carrier the update uses (raw
+    arrays on the fast path, tensors otherwise); numbers are left alone."""
+    for key, v in state.items():
+        if isinstance(v, Tensor):
+            if fast or v._be is not leaf._be:
+                state[key] = leaf._be.from_numpy(v.numpy()) if fast else v.to(leaf._be)
+        elif hasattr(v, "__array_namespace__") and not (fast and type(v) is type(leaf._data)):
+            host = pg.tensor(v).numpy()  # lands on the backend that owns v, which can read it back
+            state[key] = leaf._be.from_numpy(host) if fast else pg.tensor(host, backend=leaf._be)
 
 
 def _as_tensor(v: Any, like: Tensor) -> Any:
