@@ -7,6 +7,7 @@ accumulates with ``+`` in a fixed order, undoes broadcasting in exactly one plac
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -22,6 +23,11 @@ from .value import _toposort as value_toposort
 
 if TYPE_CHECKING:
     from .tensor import Tensor
+
+#: serialises the read-add-write of a leaf's ``.grad``: backward passes running in several
+#: threads over graphs that share a leaf (data-parallel workers, one model) must not lose each
+#: other's contributions.  One lock for all leaves: the critical section is one dispatch of ``+``.
+_accumulate_lock = threading.Lock()
 
 
 @contextmanager
@@ -246,8 +252,9 @@ def _deliver(leaf: "Tensor", g: "Tensor", capture, produced: list) -> None:
         if id(leaf) in capture:
             capture[id(leaf)] = g if capture[id(leaf)] is None else capture[id(leaf)] + g
         return
-    leaf.grad = g if leaf.grad is None else leaf.grad + g
-    produced.append((leaf, leaf.grad))
+    with _accumulate_lock:
+        leaf.grad = g if leaf.grad is None else leaf.grad + g
+        produced.append((leaf, leaf.grad))
 
 
 def _seed(root: "Tensor", grad) -> "Tensor":

@@ -8,7 +8,10 @@ elementwise ops: autodiff's ``unbroadcast`` reduces it to the input's shape.
 Subgradient conventions (fixed here, and mirrored by the scalar reference):
   * relu'(0) = 0 (as micrograd);
   * maximum(a, b) on a tie, and max over an axis with several maximal elements, split the
-    gradient evenly among the tied elements.
+    gradient evenly among the tied elements (as torch.maximum and torch.amax);
+  * pow: d(a ** b)/da = 0 where b == 0, d(a ** b)/db = 0 where a == 0 and b >= 0 (PyTorch);
+  * clip/clamp passes the whole gradient at its bounds (tensor.clip is written with where).
+The edge points are checked against PyTorch's values by ``polygrad.testing.edges`` (the conformance kit's edge-point set).
 """
 from __future__ import annotations
 
@@ -84,9 +87,18 @@ def _mul(node, out, g):
 
 
 def _pow(node, out, g):
+    # PyTorch's edge conventions: d/da is 0 where b == 0 (x ** 0 is the constant 1, even at
+    # a == 0 where b * a ** (b - 1) would be 0 * inf); d/db is 0 where a == 0 and b >= 0 (the
+    # limit of a ** b * log(a)), -inf/inf where a == 0 and b < 0, NaN where a < 0.
+    from .tensor import where
     a, b = node.inputs
     na, nb = _needs(node)
-    return (g * b * a ** (b - 1) if na else None, g * out * a.log() if nb else None)
+    ga = gb = None
+    if na:
+        ga = where(b == 0, 0.0, g * b * a ** (b - 1))
+    if nb:
+        gb = where((a == 0) * (b >= 0), 0.0, g * out * a.log())
+    return (ga, gb)
 
 
 def _maximum(node, out, g):

@@ -560,10 +560,13 @@ def abs(x: Tensor) -> Tensor:  # noqa: A001 - |x| = max(x, -x); gradient 0 at 0 
 
 
 def clip(x: Tensor, lo=None, hi=None) -> Tensor:
+    """``x`` limited to ``[lo, hi]``.  As PyTorch's clamp, the gradient w.r.t. ``x`` is 1 on the
+    closed interval (its bounds included) and NaN stays NaN; a tensor bound gets the gradient
+    where it is the one taken."""
     if lo is not None:
-        x = maximum(x, lo)
+        x = where(x < lo, lo, x)
     if hi is not None:
-        x = minimum(x, hi)
+        x = where(x > hi, hi, x)
     return x
 
 

@@ -54,9 +54,10 @@ Numerical conventions
   difference measures).  When a NaN is involved the result is NaN and the gradient is split the
   same way.  So ``x.relu()`` and ``x.maximum(0)`` differ at exactly 0 (gradient 0 vs 0.5).
 * ``x ** y`` with a ``Value`` exponent: ``d/dx = y * x**(y-1)``, ``d/dy = x**y * log(x)``.
-  ``log(x)`` is only evaluated for ``x > 0``; for ``x == 0`` and ``y > 0`` the y-derivative is the
-  limit 0; otherwise (``x < 0``, or ``x == 0`` with ``y <= 0``) it is undefined and ``NaN`` is
-  added to ``y.grad`` -- and to whatever ``y`` was computed from.  ``x.grad`` is never poisoned by
+  ``log(x)`` is only evaluated for ``x > 0``; for ``x == 0`` and ``y >= 0`` the y-derivative is
+  the limit 0, for ``x == 0`` and ``y < 0`` it is ``x**y * log(0)`` (``-inf``), and for ``x < 0``
+  it is undefined and ``NaN`` is added to ``y.grad`` -- and to whatever ``y`` was computed from.
+  ``d/dx`` of ``x ** 0`` is 0 everywhere, 0 included (PyTorch's convention).  ``x.grad`` is never poisoned by
   it.  Use a plain number exponent (``x ** 2``) when the exponent needs no gradient: then no
   y-derivative is computed at all.
 * Gradients accumulate (``+=``) exactly like micrograd: call ``zero_grad`` (or set ``.grad = 0``)
@@ -179,11 +180,11 @@ def _sigmoid(x: Any) -> float:
 
 
 def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
-    """d(x**y)/dy = x**y * log(x), defined for x > 0 (and as the limit 0 for x == 0, y > 0)."""
+    """d(x**y)/dy = x**y * log(x), defined for x > 0 (and as the limit 0 for x == 0, y >= 0)."""
     if x > 0:
         return out * _log(x)
-    if x == 0 and y > 0:
-        return 0.0
+    if x == 0:  # PyTorch: 0 for y >= 0 (the limit), out * log(0) = +-inf for y < 0
+        return 0.0 if y >= 0 else out * -_INF
     return _NAN
 
 
@@ -611,6 +612,8 @@ def _run(order: Sequence[Value]) -> None:
         elif c == 4:  # POWC (micrograd: (c * x**(c-1)) * g)
             a = v._a
             k = v._arg
+            if k == 0:  # x ** 0 is the constant 1: derivative 0, even at x == 0 (PyTorch)
+                continue
             try:
                 d = a.data ** (k - 1)
             except (ZeroDivisionError, OverflowError):
@@ -650,7 +653,8 @@ def _run(order: Sequence[Value]) -> None:
             b = v._b
             x = a.data
             y = b.data
-            a.grad += (y * _pow(x, y - 1)) * g
+            if y != 0:  # x ** 0 is the constant 1: derivative 0, even at x == 0 (PyTorch)
+                a.grad += (y * _pow(x, y - 1)) * g
             b.grad += _dy_of_pow(x, v.data, y) * g
         elif c == 25:  # MAX
             a = v._a
