@@ -51,8 +51,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
     infos = pg.list_backends()
     rows = [{"name": i.name, "available": i.available, "reason": i.reason or "-", "origin": i.origin}
             for i in infos]
+    failures = _probe_event_hooks(pg)
     if args.json:
-        _print_json({"backends": rows})
+        _print_json({"backends": rows, "hook_failures": failures})
         return EXIT_OK
     cols = ["name", "available", "reason", "origin"]
     cells = [[str(r[c]) for c in cols] for r in rows]
@@ -61,7 +62,28 @@ def cmd_backends(args: argparse.Namespace) -> int:
     print("  ".join("-" * w for w in widths))
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    if failures:
+        print("\nevent hooks disabled because they raised (the computation went on without them):")
+        for where, why in failures.items():
+            print(f"  {where}: {why}")
     return EXIT_OK
+
+
+def _probe_event_hooks(pg: Any) -> dict:
+    """Fire the event hooks once with a tiny computation, so a plugin's raising listener is found
+    (and disabled) here rather than in the user's program; returns ``pg.stats()["hook_failures"]``."""
+    import warnings
+
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            x = pg.tensor([[1.0, 0.0], [0.0, 2.0]], requires_grad=True)
+            (x @ x).sum().backward()
+            pg.tensor(np.eye(64), layout="auto")  # a layout decision
+        except Exception:  # noqa: BLE001 - a broken backend is already listed in the table
+            pass
+    return pg.stats()["hook_failures"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from . import memory, reference
 from .config import config
 from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
+from .events import hook_failures
 from .graph import Node
 from .inference import _RULES as _infer_rules
 from .ops import NON_DIFFERENTIABLE, SPARSE, Op
@@ -49,7 +50,9 @@ def stats() -> dict:
     """Counters since start (or ``pg.reset_stats()``).
 
     ``fallbacks``: {"op/backend/layout": count}; ``fallbacks_by_op``: {"op": count};
-    ``fallbacks_total``: the sum.  A fallback is counted each time a kernel (forward or fused
+    ``fallbacks_total``: the sum; ``hook_failures``: {"plugin/hook": "error"} for every event-hook
+    listener disabled because it raised (not cleared by reset_stats: it stays disabled).
+    A fallback is counted each time a kernel (forward or fused
     backward) fails, whichever link of the fallback chain then serves the op."""
     with _stats_lock:
         by_op: Counter = Counter()
@@ -57,7 +60,8 @@ def stats() -> dict:
             by_op[op] += n
         return {"fallbacks": {f"{op}/{be}/{layout}": n for (op, be, layout), n in fallback_counts.items()},
                 "fallbacks_by_op": dict(by_op),
-                "fallbacks_total": sum(fallback_counts.values())}
+                "fallbacks_total": sum(fallback_counts.values()),
+                "hook_failures": dict(hook_failures)}
 
 
 def reset_stats() -> None:
