@@ -4,7 +4,8 @@
 
 1. all inputs must live on one backend (else MixedBackendError naming both);
 2. the op's inference validates the operands and predicts the output shape/dtype (user errors
-   are raised here, before any kernel runs, and are never "fallen back" from);
+   are raised here, before any kernel runs, and are never "fallen back" from); an output over
+   the memory budget is refused here too (MemoryBudgetError), before anything is allocated;
 3. the backend's kernel for ``(op, layout)`` runs -- a dict lookup in the table the registry
    built at load time;
 4. its output is checked against the inference; an exception or a contradicting output is a
@@ -147,6 +148,10 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             needs_grad = needs_grad or t.requires_grad
         shapes, dtypes = tuple(shapes), tuple(dtypes)
     shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
+    # the memory budget is checked before the kernel allocates, from the inferred output size
+    if math.prod(shape) * dtype.itemsize >= memory.CHECK_FLOOR:
+        memory.check(str(op), memory.nbytes(shape, dtype), backend=be,
+                     what=f"its {dtype} output of shape {shape} (operands {', '.join(map(str, shapes))})")
     scalar = None
     try:
         kernel = _tables.get(be.name, EMPTY).get((op, layout))
