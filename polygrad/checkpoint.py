@@ -338,11 +338,12 @@ def load(path: "str | os.PathLike[str]", backend: Any = None) -> Any:
     Stale temporaries of killed saves of ``path`` are removed first.
     """
     try:
-        p = os.fspath(path)
-    except TypeError as exc:
-        raise CheckpointError(f"pg.load: a path is a str or os.PathLike, got {type(path).__name__}") from exc
-    remove_stale_temporaries(p)
-    if not os.path.isfile(p):
+        p = os.fsdecode(os.fspath(path))
+        remove_stale_temporaries(p)
+        found = os.path.isfile(p)
+    except (TypeError, ValueError) as exc:  # not a path, or one with a NUL byte
+        raise CheckpointError(f"pg.load: not a usable path: {type(path).__name__} {path!r:.80}") from exc
+    if not found:
         raise CheckpointError(f"pg.load: no checkpoint at {p}")
     try:
         with np.load(p, allow_pickle=False) as npz:
