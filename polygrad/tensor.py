@@ -131,6 +131,11 @@ class Tensor:
         from .interop import dlpack_source
         return dlpack_source(self).__dlpack_device__()
 
+    def __reduce__(self):
+        """Pickle as values + backend name (+ requires_grad, grad, name); see polygrad.pickling."""
+        from .pickling import reduce_tensor
+        return reduce_tensor(self)
+
     def tolist(self):
         return self.numpy().tolist()
 
