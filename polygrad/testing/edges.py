@@ -95,7 +95,10 @@ def check_edge_points(backend: str, cases: Sequence[EdgeCase] = EDGE_CASES) -> l
     """Messages for every edge case whose gradients on ``backend`` differ from PyTorch's (empty: all agree)."""
     failures = []
     for case in cases:
-        message = check_edge_point(backend, case)
+        try:
+            message = check_edge_point(backend, case)
+        except Exception as exc:  # noqa: BLE001 - a backend that raises fails the case, by name
+            message = f"edge case {case.name!r} on backend {backend!r} raised {type(exc).__name__}: {exc}"
         if message is not None:
             failures.append(message)
     return failures

@@ -70,3 +70,20 @@ def test_scalar_value_engine_follows_the_same_convention():
     b, e = Value(0.0), Value(2.0)
     (b ** e).backward()
     assert e.grad == 0.0 and b.grad == 0.0
+
+
+def test_polygrad_check_runs_the_edge_points(monkeypatch, capsys):
+    """`polygrad check NAME` (a full run) reports the edge-point set and fails on a disagreement."""
+    from polygrad.testing import conformance
+
+    monkeypatch.setattr(conformance, "run_conformance",
+                        lambda name, *a, **k: conformance.Report(name, provided=set()))
+    assert conformance.main(["numpy"]) == 0
+    assert f"{len(EDGE_CASES)} of {len(EDGE_CASES)} agree" in capsys.readouterr().out
+
+    from polygrad import grad_rules
+    from polygrad.ops import Op
+    monkeypatch.setitem(grad_rules.RULES, Op.POW,
+                        lambda node, out, g: (g * node.inputs[1] * node.inputs[0] ** (node.inputs[1] - 1), None))
+    assert conformance.main(["numpy"]) == 1
+    assert "FAIL edge case 'pow-zero-exponent-at-zero'" in capsys.readouterr().out
