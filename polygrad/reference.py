@@ -96,10 +96,11 @@ def _sum(items: list):
 def _max(items: list):
     """Max of a group; ties share the gradient evenly (same convention as the MAX VJP rule)."""
     vals = [_val(x) for x in items]
-    if any(v != v for v in vals):
-        return next(x for x, v in zip(items, vals) if v != v)
-    m = max(vals)
-    tied = [x for x, v in zip(items, vals) if v == m]
+    if any(v != v for v in vals):  # a NaN max: its gradient is shared by the NaN elements
+        tied = [x for x, v in zip(items, vals) if v != v]
+    else:
+        m = max(vals)
+        tied = [x for x, v in zip(items, vals) if v == m]
     if len(tied) == 1 or not any(isinstance(x, Value) for x in tied):
         return tied[0]
     return Value.sum_of(tied) * (1.0 / len(tied))

@@ -600,12 +600,13 @@ def abs(x: Tensor) -> Tensor:  # noqa: A001 - |x| = max(x, -x); gradient 0 at 0 
 
 def clip(x: Tensor, lo=None, hi=None) -> Tensor:
     """``x`` limited to ``[lo, hi]``.  As PyTorch's clamp, the gradient w.r.t. ``x`` is 1 on the
-    closed interval (its bounds included) and NaN stays NaN; a tensor bound gets the gradient
-    where it is the one taken."""
+    closed interval (its bounds included), 0 outside and at NaN (which stays NaN); a tensor bound
+    gets the gradient where it is the one taken."""
+    # inside the bounds: x; outside: the bound; NaN: stays NaN with gradient 0 (PyTorch)
     if lo is not None:
-        x = where(x < lo, lo, x)
+        x = where(x >= lo, x, where(x < lo, lo, x.detach()))
     if hi is not None:
-        x = where(x > hi, hi, x)
+        x = where(x <= hi, x, where(x > hi, hi, x.detach()))
     return x
 
 

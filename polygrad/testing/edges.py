@@ -59,6 +59,12 @@ EDGE_CASES: tuple[EdgeCase, ...] = (
              lambda a, b: a.minimum(b)),
     EdgeCase("max-reduce-ties", lambda x: x.max(), ([1.0, 1.0, 0.0],), ([0.5, 0.5, 0.0],),
              lambda x: x.amax()),
+    EdgeCase("relu-nan", lambda x: x.relu(), ([NAN],), ([1.0],)),
+    EdgeCase("maximum-nan", lambda a, b: a.maximum(b), ([NAN, 1.0], [1.0, NAN]), ([1.0, 1.0], [1.0, 1.0]),
+             lambda a, b: a.maximum(b)),
+    EdgeCase("abs-nan", lambda x: x.abs(), ([NAN],), ([0.0],)),
+    EdgeCase("clip-nan", lambda x: x.clip(0.0, 1.0), ([NAN],), ([0.0],), lambda x: x.clamp(0.0, 1.0)),
+    EdgeCase("max-reduce-nan", lambda x: x.max(), ([NAN, 1.0],), ([1.0, 0.0],), lambda x: x.max()),
     EdgeCase("tanh-saturated", lambda x: x.tanh(), ([40.0, -40.0],), ([0.0, 0.0],)),
     EdgeCase("exp-underflow", lambda x: x.exp(), ([-1000.0],), ([0.0],)),
 )
