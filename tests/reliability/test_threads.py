@@ -76,3 +76,35 @@ def test_pg_grad_in_threads_is_independent():
     _hammer(work)
     assert results == [[2.0, 4.0]] * (THREADS * STEPS)
     assert x.grad is None
+
+
+def test_concurrent_backward_through_one_retained_graph():
+    """Several threads backpropagating the same retained graph: each pass adds its full gradient."""
+    x = pg.tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+    y = ((x * x).exp() * 0.001).sum()
+    _hammer(lambda: y.backward(retain_graph=True))
+    want = THREADS * STEPS * 0.001 * 2 * x.numpy() * np.exp(x.numpy() ** 2)
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12)
+
+
+def test_concurrent_backward_through_one_freed_graph_raises_graph_error():
+    """Without retain_graph the sequential rule holds: a second pass through freed nodes raises."""
+    for _ in range(20):
+        x = pg.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+        y = (x * 2).exp().sum()
+        errors: list = []
+
+        def run():
+            try:
+                y.backward()
+            except BaseException as exc:  # noqa: BLE001 - checked below: only GraphError allowed
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(errors) <= 1 and all(isinstance(e, pg.errors.GraphError) for e in errors), errors
+        if not errors:  # both passes got through before the nodes were freed: both count fully
+            np.testing.assert_allclose(x.grad.numpy(), 2 * 2 * np.exp(2 * x.numpy()))
