@@ -65,7 +65,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
     if failures:
-        print("\nevent hooks disabled because they raised (the computation went on without them):")
+        print("event hooks disabled because they raised (the computation went on without them):")
         for where, why in failures.items():
             print(f"  {where}: {why}")
     return EXIT_OK

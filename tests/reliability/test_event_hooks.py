@@ -51,6 +51,17 @@ def _raiser(hook: str, exc: BaseException):
     return Bad()
 
 
+@pytest.fixture(autouse=True)
+def _forget_failures():
+    """The failure record is process-wide (a disabled listener stays disabled): keep other
+    tests' view of pg.stats() and `polygrad backends` clean."""
+    from polygrad import events
+    before = dict(events.hook_failures)
+    yield
+    events.hook_failures.clear()
+    events.hook_failures.update(before)
+
+
 @pytest.fixture
 def plugins():
     registered = []
