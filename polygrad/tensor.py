@@ -376,6 +376,9 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
         raise DTypeError(f"pg.tensor: unsupported dtype {array.dtype}")
     # always a copy (as torch.tensor): the user's later writes into their array must not reach
     # the tensor, nor the caches derived from it; pg.from_numpy is the zero-copy way
+    need = memory.nbytes(array.shape, target)
+    if need >= memory.CHECK_FLOOR:
+        memory.check("pg.tensor", need, backend=be, what=f"a {np.dtype(target)} copy of shape {array.shape}")
     array = np.array(array, dtype=target, order="C", copy=True).reshape(array.shape)  # 0-d stays 0-d
     t = tensor_from_numpy(array, be)
     if requires_grad:

@@ -27,7 +27,7 @@ case("dense-matmul", lambda: small(2048, 1) @ small(1, 2048))
 case("batched-matmul", lambda: small(64, 256, 1) @ small(1, 1, 256))
 case("expand", lambda: small(1, 4096).expand(4096, 4096))
 case("expand-then-materialise", lambda: pg.expand(small(1, 4096), (4096, 4096)) * 2)
-case("cast", lambda: small(1024, 1536).cast("float64"))                          # 6 -> 12 MiB
+case("cast", lambda: pg.tensor(np.ones((1024, 1536), dtype=np.int8)).cast("float64"))   # 1.5 -> 12 MiB
 case("cat", lambda: pg.cat([small(1024, 1024)] * 3))                              # 12 MiB
 case("stack", lambda: pg.stack([small(1024, 1024)] * 3))
 case("index-add", lambda: pg.index_add(small(1), ([0],), (1 << 40,)))
@@ -40,6 +40,9 @@ case("sparse-csr-huge-rows", lambda: coo((10 ** 12, 2)).to_sparse("csr"))
 case("spmm-output", lambda: coo((10 ** 7, 2)) @ pg.ones(2, 64))
 case("sparse-plus-dense-densifies", lambda: coo((2048, 2048)) + small(2048, 1))
 case("sparse-plus-scalar-densifies", lambda: coo((4096, 4096)) + 1.0)
+big_view = np.broadcast_to(np.float32(1), (4096, 4096))   # 4 bytes of memory, 64 MiB once copied
+case("tensor-copy", lambda: pg.tensor(big_view))
+case("tensor-cast-copy", lambda: pg.tensor(np.ones((1024, 1280), dtype=np.int8), dtype="float64"))
 def _backward():
     x = pg.tensor(np.ones((1, 4096), dtype=np.float32), requires_grad=True)
     (x.expand(4096, 4096) * 1).sum().backward()
@@ -56,7 +59,7 @@ NAMES = ["broadcast-add", "broadcast-mul-scalar-backend", "broadcast-where", "br
          "dense-matmul", "batched-matmul", "expand", "expand-then-materialise", "cast", "cat", "stack",
          "index-add", "zeros-huge", "full-huge", "sparse-to-dense", "sparse-transpose-huge-cols",
          "sparse-csr-huge-rows", "spmm-output", "sparse-plus-dense-densifies",
-         "sparse-plus-scalar-densifies", "backward-through-expand"]
+         "sparse-plus-scalar-densifies", "backward-through-expand", "tensor-copy", "tensor-cast-copy"]
 
 
 @pytest.mark.parametrize("name", NAMES)
