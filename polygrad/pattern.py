@@ -39,6 +39,9 @@ class Pattern:
             rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(indptr))
             rows.flags.writeable = False  # ours: read-only lets backends cache device copies
         self.rows = rows
+        for arr in (indptr, cols, rows):  # never mutated: enforced, so device caches stay valid
+            if isinstance(arr, np.ndarray):
+                arr.flags.writeable = False
         self.layout = layout
         self._transpose: tuple[Pattern, np.ndarray] | None = None
         self._device: dict[Any, Any] = {}

@@ -513,8 +513,9 @@ def _host_array(x: Any) -> np.ndarray:
 
 
 def _index_array(op: str, name: str, x: Any, ndim: int) -> np.ndarray:
-    """An integer index array of ``ndim`` dims as int64, or SparseIndexError."""
-    arr = _host_array(x)
+    """An integer index array of ``ndim`` dims, or SparseIndexError.  Always a copy: the pattern
+    must not change when the caller later edits their array (and is validated as it is used)."""
+    arr = np.array(_host_array(x))
     if arr.dtype == object:
         raise SparseIndexError(f"{op}: {name} is ragged or not numeric")
     if arr.size == 0 and arr.dtype.kind == "f":

@@ -172,3 +172,27 @@ def test_gcnconv_cache_follows_sparse_adjacency_value_edits():
     adj.values.numpy()[0] = 5.0
     after = conv(x, adj).numpy()
     assert not np.allclose(before, after)
+
+
+# -- sparse constructors own their index arrays -------------------------------------------------------
+
+def test_sparse_constructors_copy_indices_and_values():
+    indptr, idx, v = np.array([0, 1, 2]), np.array([1, 0]), np.array([1.0, 2.0])
+    a = pg.sparse_csr(indptr, idx, v, (2, 2))
+    coo = np.array([[0, 1], [1, 0]])
+    b = pg.sparse_coo(coo, v, (2, 2))
+    ei = np.array([[0, 1], [1, 0]])
+    c = pg.from_edge_index(ei, 2)
+    a_t = a.T @ pg.ones(2, 1, dtype="float64")             # the cached transpose is built now
+    idx[0], indptr[1], v[0], coo[0, 0], ei[1, 0] = 0, 0, 9.0, 1, 0
+    want = [[0.0, 1.0], [2.0, 0.0]]
+    assert a.to_dense().numpy().tolist() == want and b.to_dense().numpy().tolist() == want
+    assert c.to_dense().numpy().tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    assert (a.T @ pg.ones(2, 1, dtype="float64")).numpy().tolist() == a_t.numpy().tolist()
+
+
+def test_pattern_arrays_are_read_only():
+    a = pg.sparse_coo(np.array([[0, 1], [1, 0]]), np.array([1.0, 2.0]), (2, 2))
+    for arr in (a.pattern.indptr, a.pattern.cols, a.pattern.rows):
+        with pytest.raises(ValueError):
+            arr[0] = 5
