@@ -33,7 +33,7 @@ class GuardedEvent:
     ``on_empty`` runs when the last implementation was disabled (the registry then stops
     firing the event at all)."""
 
-    __slots__ = ("hook", "_impls", "_on_empty")
+    __slots__ = ("_impls", "_on_empty", "hook")
 
     def __init__(self, hook: str, impls: list, on_empty: Callable[[str], None]):
         self.hook = hook
@@ -46,7 +46,7 @@ class GuardedEvent:
 
     def __call__(self, **kwargs: Any) -> None:
         for entry in self._impls:
-            name, function, argnames = entry
+            _name, function, argnames = entry
             try:
                 function(*[kwargs[a] for a in argnames])
             except Exception as exc:  # noqa: BLE001 - a listener must never break the computation

@@ -115,7 +115,7 @@ def test_not_a_state_dict(sd):
 
 
 def test_valid_round_trip_still_works(tmp_path):
-    model, opt = _trained(Adam, lr=0.02, betas=(0.8, 0.9))
+    _, opt = _trained(Adam, lr=0.02, betas=(0.8, 0.9))
     pg.save(opt.state_dict(), tmp_path / "o.npz")
     _, fresh = _trained(Adam, lr=0.5)
     fresh.load_state_dict(pg.load(tmp_path / "o.npz"))

@@ -107,7 +107,7 @@ def _race_freed_graph():
         y = y.sum()
         errors: list = []
 
-        def run():
+        def run(y=y, errors=errors):
             try:
                 y.backward()
             except BaseException as exc:  # noqa: BLE001 - checked below: only GraphError allowed
