@@ -112,8 +112,11 @@ def _cast(x, dtype: np.dtype):
         return x if isinstance(x, Value) else float(v)
     if dtype.kind == "b":
         return bool(v)
-    if v != v or v in (sm.inf, -sm.inf):
-        return int(np.array(v).astype(dtype))  # numpy's (platform) result for nan/inf
+    if isinstance(v, float):
+        info = np.iinfo(dtype)
+        if not info.min <= v <= info.max:  # nan, inf, out of range: numpy's (platform) result
+            with np.errstate(invalid="ignore"):
+                return int(np.array(v).astype(dtype))
     return int(v)
 
 

@@ -124,3 +124,17 @@ def test_random_integers_agree(dtype, op, data):
     b = data.draw(st.lists(ints, min_size=len(a), max_size=len(a)))
     got = _both(INT_OPS[op], a, b, dtype)
     assert got["numpy"] == got["scalar"], got
+
+
+@pytest.mark.parametrize("target", ["int8", "int32", "int64", "uint8", "uint64"])
+def test_casts_out_of_range_agree(target):
+    """Float -> int casts out of range (numpy's platform result) and int -> narrower int (wraps)."""
+    floats = [1e20, -1e20, 3e9, 300.0, -1.5, np.nan, np.inf]
+    ints = [2 ** 40 + 7, -(2 ** 40) - 3, 255, -129]
+    got = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for be in ("numpy", "scalar"):
+            got[be] = (pg.tensor(floats, dtype="float64", backend=be).cast(target).numpy().tolist(),
+                       pg.tensor(ints, dtype="int64", backend=be).cast(target).numpy().tolist())
+    assert got["numpy"] == got["scalar"], got
