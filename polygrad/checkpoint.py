@@ -350,6 +350,8 @@ def load(path: "str | os.PathLike[str]", backend: Any = None) -> Any:
             if _META not in npz.files:
                 raise CheckpointError(f"pg.load: {p} is an .npz but not a polygrad checkpoint "
                                       f"(no {_META} entry)")
+            reader = _Reader(npz, p, backend)
+            reader.check_member(_META)  # the description is budgeted like any member
             meta_raw = npz[_META]
             # a member that is not .npy data comes back as raw bytes
             if not isinstance(meta_raw, np.ndarray) or meta_raw.dtype != np.uint8 or meta_raw.ndim != 1:
@@ -360,7 +362,7 @@ def load(path: "str | os.PathLike[str]", backend: Any = None) -> Any:
             if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
                 raise CheckpointError(f"pg.load: {p} has format version {meta.get('version')!r}; this "
                                       f"polygrad reads versions up to {VERSION}")
-            return _Reader(npz, p, backend).decode(meta.get("tree"))
+            return reader.decode(meta.get("tree"))
     except CheckpointError:
         raise
     except PolygradError as exc:

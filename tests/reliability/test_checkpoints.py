@@ -142,6 +142,12 @@ def test_budget_refuses_hostile_members_before_allocating(tmp_path):
             for _ in range(256):
                 member.write(chunk)
     assert bomb.stat().st_size < 2 * MIB
+    meta_bomb = tmp_path / "meta_bomb.npz"      # the description member itself inflates to 256 MiB
+    with zipfile.ZipFile(meta_bomb, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("__polygrad__.npy", "w", force_zip64=True) as member:
+            member.write(_npy_header((256 * MIB,), "|u1"))
+            for _ in range(256):
+                member.write(b" " * MIB)
     got = run_limited(f"""
 def load(p):
     try:
@@ -150,8 +156,9 @@ def load(p):
         raise
 case("honest-but-over-budget", lambda: load({str(claim)!r}))
 case("deflate-bomb", lambda: load({str(bomb)!r}))
+case("metadata-bomb", lambda: load({str(meta_bomb)!r}))
 """, available=10 * MIB)
-    for name in ("honest-but-over-budget", "deflate-bomb"):
+    for name in ("honest-but-over-budget", "deflate-bomb", "metadata-bomb"):
         assert got[name]["type"] == "CheckpointError", got[name]
         assert "budget" in got[name]["message"] or "would need" in got[name]["message"]
         assert got[name]["rss_growth"] < 8 * MIB, got[name]
