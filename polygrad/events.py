@@ -15,6 +15,8 @@ import threading
 import warnings
 from typing import Any, Callable
 
+import pluggy
+
 from .errors import PluginWarning
 
 __all__ = ["GuardedEvent", "hook_failures"]
@@ -29,7 +31,10 @@ _lock = threading.Lock()
 class GuardedEvent:
     """A caller for one event hook over the given pluggy hook implementations.
 
-    Implementations disabled earlier are left out.  Calls them in pluggy's order (last registered first) with the arguments each declares.
+    Implementations disabled earlier are left out.  Calls them in pluggy's order (last
+    registered first) with the arguments each declares; wrappers (``wrapper=True`` or the old
+    ``hookwrapper=True``) run their part before the yield first and their part after it last,
+    as pluggy would (an event hook has no result: they receive None / an empty Result).
     ``on_empty`` runs when the last implementation was disabled (the registry then stops
     firing the event at all)."""
 
@@ -37,18 +42,37 @@ class GuardedEvent:
 
     def __init__(self, hook: str, impls: list, on_empty: Callable[[str], None]):
         self.hook = hook
-        self._impls = [(impl.plugin_name, impl.function, tuple(impl.argnames)) for impl in reversed(impls)
-                       if (impl.function, hook) not in _disabled]
+        kinds = {id(impl): "new" if getattr(impl, "wrapper", False) else
+                 "old" if getattr(impl, "hookwrapper", False) else "" for impl in impls}
+        self._impls = [(impl.plugin_name, impl.function, tuple(impl.argnames), kinds[id(impl)])
+                       for impl in reversed(impls) if (impl.function, hook) not in _disabled]
         self._on_empty = on_empty
 
     def __bool__(self) -> bool:
         return bool(self._impls)
 
     def __call__(self, **kwargs: Any) -> None:
-        for entry in self._impls:
-            _name, function, argnames = entry
+        impls = self._impls
+        opened = []
+        for entry in impls:  # wrappers: up to their yield
+            if entry[3]:
+                try:
+                    gen = entry[1](*[kwargs[a] for a in entry[2]])
+                    next(gen)
+                    opened.append((entry, gen))
+                except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
+                    self._disable(entry, exc)
+        for entry in impls:
+            if not entry[3]:
+                try:
+                    entry[1](*[kwargs[a] for a in entry[2]])
+                except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
+                    self._disable(entry, exc)
+        for entry, gen in reversed(opened):  # wrappers: after their yield
             try:
-                function(*[kwargs[a] for a in argnames])
+                gen.send(None if entry[3] == "new" else pluggy.Result(None, None))
+            except StopIteration:
+                pass
             except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
                 self._disable(entry, exc)
 

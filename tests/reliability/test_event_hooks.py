@@ -121,6 +121,7 @@ def test_raising_fallback_hook_does_not_break_the_fallback(plugins):
                 out = x.exp()
     np.testing.assert_allclose(out.numpy(), np.exp([1.0, -2.0, 3.0]))
     assert type(bad).calls == 1
+    pg.reset_stats()  # FallbackWarning is issued once per key: let later tests see theirs
 
 
 def test_disabled_hook_stays_disabled_after_reregistration(plugins):
@@ -192,3 +193,52 @@ def test_cli_backends_reports_a_raising_installed_plugin(tmp_path):
     prog = "import polygrad as pg, warnings; warnings.simplefilter('ignore'); print((pg.tensor([2.0]) * 3).item())"
     run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "6.0", run.stderr
+
+
+class Wrappers:
+    """Event-hook wrappers in both pluggy styles: they still run around the plain listeners."""
+
+    def __init__(self):
+        self.log = []
+
+    @pg.hookimpl(wrapper=True)
+    def polygrad_backward_finished(self, num_nodes, seconds, grads):
+        self.log.append("new-before")
+        result = yield
+        self.log.append(("new-after", result))
+        return result
+
+    @pg.hookimpl(hookwrapper=True)
+    def polygrad_op_executed(self, op, backend, layout, inputs, output):
+        self.log.append("old-before")
+        outcome = yield
+        self.log.append(("old-after", outcome.get_result()))
+
+
+class RaisingWrapper:
+    @pg.hookimpl(wrapper=True)
+    def polygrad_backward_finished(self, num_nodes, seconds, grads):
+        yield
+        raise RuntimeError("after the yield")
+
+
+def test_wrappers_still_run(plugins):
+    w = plugins(Wrappers(), "wrapping-listener")
+    healthy = plugins(Healthy(), "healthy-inside-wrappers")
+    x = pg.tensor([1.0], requires_grad=True)
+    (x * 2).sum().backward()
+    assert w.log.count("new-before") == 1 and ("new-after", None) in w.log
+    assert "old-before" in w.log and ("old-after", None) in w.log
+    assert healthy.backwards == 1
+
+
+def test_raising_wrapper_is_disabled(plugins):
+    bad = plugins(RaisingWrapper(), "raising-wrapper")
+    healthy = plugins(Healthy(), "healthy-next-to-wrapper")
+    x = pg.tensor([1.0], requires_grad=True)
+    with pytest.warns(PluginWarning, match="after the yield"):
+        (x * 2).sum().backward()
+    (x * 2).sum().backward()
+    assert healthy.backwards == 2 and x.grad.numpy().tolist() == [4.0]
+    assert "raising-wrapper/polygrad_backward_finished" in pg.stats()["hook_failures"]
+    del bad
