@@ -26,6 +26,7 @@ from .tensor import (
     ones_like, permute, pow, rand, randn, reshape, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
     transpose, unsqueeze, where, zeros, zeros_like, add,
 )
+from .tensor import from_numpy
 from .value import Value
 from .monitor import monitor
 from .draw import draw_graph
@@ -40,7 +41,7 @@ from .sparse import __all__ as _sparse_all  # noqa: E402
 
 __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
-    "argmax", "argmin", "backward", "bool_", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
+    "argmax", "argmin", "backward", "bool_", "from_numpy", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
     "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
     "from_dlpack", "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -51,8 +53,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
     infos = pg.list_backends()
     rows = [{"name": i.name, "available": i.available, "reason": i.reason or "-", "origin": i.origin}
             for i in infos]
+    failures = _probe_event_hooks(pg)
     if args.json:
-        _print_json({"backends": rows})
+        _print_json({"backends": rows, "hook_failures": failures})
         return EXIT_OK
     cols = ["name", "available", "reason", "origin"]
     cells = [[str(r[c]) for c in cols] for r in rows]
@@ -61,7 +64,28 @@ def cmd_backends(args: argparse.Namespace) -> int:
     print("  ".join("-" * w for w in widths))
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    if failures:
+        print("event hooks disabled because they raised (the computation went on without them):")
+        for where, why in failures.items():
+            print(f"  {where}: {why}")
     return EXIT_OK
+
+
+def _probe_event_hooks(pg: Any) -> dict:
+    """Fire the event hooks once with a tiny computation, so a plugin's raising listener is found
+    (and disabled) here rather than in the user's program; returns ``pg.stats()["hook_failures"]``."""
+    import warnings
+
+    import numpy as np
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            x = pg.tensor([[1.0, 0.0], [0.0, 2.0]], requires_grad=True)
+            (x @ x).sum().backward()
+            pg.tensor(np.eye(64), layout="auto")  # a layout decision
+        except Exception:  # noqa: BLE001 - a broken backend is already listed in the table
+            pass
+    return pg.stats()["hook_failures"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,10 +114,30 @@ def _check_backend(name: str | None) -> None:
             pass
 
 
+def _check_graph_path(path: str | None) -> None:
+    """Refuse, before any training, a ``--graph`` image the machine cannot render."""
+    if not path:
+        return
+    from polygrad.demos import MissingExtraError
+
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if suffix in ("gv", "dot"):
+        return  # DOT text: no graphviz needed
+    if importlib.util.find_spec("graphviz") is None:
+        raise MissingExtraError(f"--graph {path} renders an image, which needs the graphviz Python package "
+                                "(pip install graphviz, or pip install 'polygrad[viz]'); --graph FILE.gv "
+                                "writes DOT text without it")
+    if shutil.which("dot") is None:
+        raise MissingExtraError(f"--graph {path} renders an image, which needs graphviz's `dot` program "
+                                "(apt-get install graphviz / brew install graphviz); --graph FILE.gv writes "
+                                "DOT text without it")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from polygrad import demos
 
     _check_backend(args.backend)
+    _check_graph_path(args.graph)
     progress = not args.no_progress
     if args.demo == "moons":
         result = demos.run_moons(steps=args.steps, n_samples=args.samples, noise=args.noise, seed=args.seed,
@@ -309,6 +353,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("polygrad: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RecursionError, ImportError) as exc:  # no traceback for the user
+        if os.environ.get("POLYGRAD_DEBUG"):
+            raise
+        print(f"polygrad: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: say so, without a traceback
+        if os.environ.get("POLYGRAD_DEBUG"):
+            raise
+        print(f"polygrad: internal error: {type(exc).__name__}: {exc} (rerun with POLYGRAD_DEBUG=1 for the "
+              "traceback, and please report it)", file=sys.stderr)
+        return EXIT_FAIL
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m polygrad.cli`

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import memory
+
 
 class Pattern:
     """Row-major canonical pattern of an ``nrows x ncols`` sparse matrix.
@@ -37,6 +39,9 @@ class Pattern:
             rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(indptr))
             rows.flags.writeable = False  # ours: read-only lets backends cache device copies
         self.rows = rows
+        for arr in (indptr, cols, rows):  # never mutated: enforced, so device caches stay valid
+            if isinstance(arr, np.ndarray):
+                arr.flags.writeable = False
         self.layout = layout
         self._transpose: tuple[Pattern, np.ndarray] | None = None
         self._device: dict[Any, Any] = {}
@@ -61,6 +66,10 @@ class Pattern:
     def transpose(self) -> tuple["Pattern", np.ndarray]:
         """(pattern of Aᵀ, perm) with ``values_T = values[perm]``; computed once, then cached."""
         if self._transpose is None:
+            # budgeted before allocating: the column pointers follow the column count, which a
+            # hostile shape can make far larger than nnz (int64 indptr, perm, rows, cols, inverse)
+            memory.check("transpose", 8 * (self.shape[1] + 1) + 32 * self.nnz,
+                         what=f"the transpose of a sparse {self.shape} pattern with {self.nnz} entries")
             # stable sort by column keeps rows ascending within each column: canonical for Aᵀ
             perm = np.argsort(self.cols, kind="stable")
             perm.flags.writeable = False  # ours: read-only lets backends cache device copies

@@ -23,6 +23,7 @@ import pluggy
 from . import hookspecs
 from .backend import Backend, KernelOverride, contract_problem
 from .errors import BackendUnavailableError
+from .events import GuardedEvent
 from .ops import Op
 
 ENTRY_POINT_GROUP = "polygrad"
@@ -186,9 +187,14 @@ class Registry:
             self._priorities[key] = priority
 
     def _refresh_events(self) -> None:
+        # each listener is called through a guard: one that raises is disabled, never propagated
         for hook in EVENT_HOOKS:
-            caller = getattr(self.pm.hook, hook)
-            self.events[hook] = caller if caller.get_hookimpls() else None
+            guarded = GuardedEvent(hook, getattr(self.pm.hook, hook).get_hookimpls(), self._event_emptied)
+            self.events[hook] = guarded if guarded else None
+
+    def _event_emptied(self, hook: str) -> None:
+        """Every listener of ``hook`` was disabled: stop firing it (ops pay nothing again)."""
+        self.events[hook] = None
 
     # -- queries ------------------------------------------------------------------------------
     def _check(self, entry: _Entry) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import memory
+from . import memory, sharing
 from .config import config
 from .dispatch import is_grad_enabled
 from .dtypes import as_dtype, default_float
@@ -519,8 +519,9 @@ def _host_array(x: Any) -> np.ndarray:
 
 
 def _index_array(op: str, name: str, x: Any, ndim: int) -> np.ndarray:
-    """An integer index array of ``ndim`` dims as int64, or SparseIndexError."""
-    arr = _host_array(x)
+    """An integer index array of ``ndim`` dims, or SparseIndexError.  Always a copy: the pattern
+    must not change when the caller later edits their array (and is validated as it is used)."""
+    arr = np.array(_host_array(x))
     if arr.dtype == object:
         raise SparseIndexError(f"{op}: {name} is ragged or not numeric")
     if arr.size == 0 and arr.dtype.kind == "f":
@@ -751,7 +752,7 @@ def from_scipy(matrix: Any, dtype: Any = None, requires_grad: bool = False, back
 def _nonzero_sparse(t: Tensor, layout: str) -> SparseTensor:
     """The stored-nonzeros form of dense 2-D ``t``; differentiable w.r.t. ``t`` at its nonzeros."""
     n, m = t.shape
-    host = t.numpy()
+    host = t._be.to_numpy(t._data)  # internal read: does not mark the storage shared
     rows, cols = np.nonzero(host)  # row-major order: already canonical
     rows = rows.astype(np.int64, copy=False)
     cols = cols.astype(np.int64, copy=False)
@@ -1246,13 +1247,30 @@ def _token_matches(token: Any, data: Any) -> bool:
     return (token() if isinstance(token, weakref.ref) else token) is data
 
 
+def _still_matches(entry: _CacheEntry, host: np.ndarray) -> bool:
+    """Whether the cached sparse form still equals ``host`` (exact: same nonzero count, and the
+    same values at the cached positions -- a zero that became nonzero changes the count unless a
+    cached position changed too)."""
+    sp = entry.sparse
+    if sp is None:
+        return True  # only the layout estimate is cached: a stale one costs speed, never correctness
+    p = sp.pattern
+    values = sp._values._be.to_numpy(sp._values._data)
+    return (int(np.count_nonzero(host)) == sp.nnz
+            and np.array_equal(host[p.rows, p.cols], values, equal_nan=True))
+
+
 def _cache_entry(a: Tensor) -> _CacheEntry:
     key = id(a)
     found = _matmul_cache.get(key)
     data = a._data
     if found is not None and found[0]() is a:
         entry = found[1]
-        if _token_matches(entry.token, data):
+        # storage shared with the user (pg.from_numpy, t.numpy()) may have been written since:
+        # re-validate the content (O(n*m), still cheaper than a dense matmul); polygrad itself
+        # never writes into a storage, so an unshared one is served as is
+        if _token_matches(entry.token, data) and (
+                not sharing.is_shared(data) or _still_matches(entry, a._be.to_numpy(data))):
             return entry
     entry = _CacheEntry(_storage_token(data))
     ref = weakref.ref(a, lambda _r, k=key: _matmul_cache.pop(k, None))
@@ -1286,7 +1304,8 @@ def maybe_sparsify_for_matmul(a: Tensor, b: Tensor) -> SparseTensor | None:
     Only a 2-D floating ``a`` that is not itself differentiated qualifies: a dense leaf requiring
     grad needs a gradient at its zeros too, which a sparse form would not give.  The nonzero count
     and the sparse form are cached on the tensor's storage (converted once; a new ``t.data``
-    invalidates them).  In-place writes into the array behind ``t.numpy()`` are not detected.
+    invalidates them; a storage shared with the user -- ``pg.from_numpy``, ``t.numpy()`` -- is
+    re-validated against the cached form before each use, so in-place writes are never missed).
     """
     if a.ndim != 2 or b.ndim not in (1, 2) or a.dtype.kind != "f" or b.dtype.kind != "f":
         return None
@@ -1299,7 +1318,7 @@ def maybe_sparsify_for_matmul(a: Tensor, b: Tensor) -> SparseTensor | None:
 
     def host_array() -> np.ndarray:
         if not host:
-            host.append(a.numpy())
+            host.append(a._be.to_numpy(a._data))  # internal read: does not mark the storage shared
         return host[0]
 
     def count() -> int:

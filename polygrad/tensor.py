@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import dispatch
+from . import dispatch, sharing
 from .dispatch import apply
 from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
 from . import memory
@@ -109,7 +109,12 @@ class Tensor:
 
     # -- conversion ---------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        return self._be.to_numpy(self._data)
+        """The values as a numpy array -- on the numpy backend the storage itself (shared, as
+        PyTorch's ``Tensor.numpy()``): writing into it changes the tensor, and caches derived
+        from the storage re-validate from then on (see docs/reliability.md)."""
+        arr = self._be.to_numpy(self._data)
+        sharing.exported(self._data, arr)
+        return arr
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -120,11 +125,17 @@ class Tensor:
         from .interop import dlpack_source
         if stream is not None:
             kwargs["stream"] = stream
+        sharing.mark_shared(self._data)  # the consumer may write through the capsule
         return dlpack_source(self).__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
         from .interop import dlpack_source
         return dlpack_source(self).__dlpack_device__()
+
+    def __reduce__(self):
+        """Pickle as values + backend name (+ requires_grad, grad, name); see polygrad.pickling."""
+        from .pickling import reduce_tensor
+        return reduce_tensor(self)
 
     def tolist(self):
         return self.numpy().tolist()
@@ -341,6 +352,9 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
            layout: str = "dense", **sparse_kwargs) -> Tensor:
     """Make a tensor from Python data, a numpy array, another tensor or a backend array.
 
+    The data is always copied, as PyTorch's ``torch.tensor``: later writes into ``data`` do
+    not change the tensor.  :func:`from_numpy` shares the memory instead.
+
     ``layout="auto"`` lets the cost model store a mostly-zero matrix sparse; "csr"/"coo" force it.
     """
     if layout != "dense":
@@ -374,8 +388,36 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
         target = infer_from_data(array.tolist() if array.ndim == 0 else array.dtype.type(0).item())
     if array.dtype.kind not in "fiub":
         raise DTypeError(f"pg.tensor: unsupported dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=target).reshape(array.shape)  # keeps 0-d tensors 0-d
+    # always a copy (as torch.tensor): the user's later writes into their array must not reach
+    # the tensor, nor the caches derived from it; pg.from_numpy is the zero-copy way
+    need = memory.nbytes(array.shape, target)
+    if need >= memory.CHECK_FLOOR:
+        memory.check("pg.tensor", need, backend=be, what=f"a {np.dtype(target)} copy of shape {array.shape}")
+    array = np.array(array, dtype=target, order="C", copy=True).reshape(array.shape)  # 0-d stays 0-d
     t = tensor_from_numpy(array, be)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def from_numpy(array: np.ndarray, requires_grad: bool = False, backend: Any = None) -> Tensor:
+    """A tensor that shares ``array``'s memory (zero-copy, as ``torch.from_numpy``).
+
+    Writes into ``array`` change the tensor and the other way round; caches polygrad derives
+    from the tensor (e.g. a sparse form of a matmul operand) re-validate against the content
+    before each use.  On a backend whose memory is not the host's (cupy, scalar) the array is
+    copied, since sharing is impossible.  ``array`` must be a C-contiguous numeric numpy array.
+    """
+    if not isinstance(array, np.ndarray):
+        raise DTypeError(f"pg.from_numpy: needs a numpy array, got {type(array).__name__} (use pg.tensor)")
+    if array.dtype.kind not in "fiub":
+        raise DTypeError(f"pg.from_numpy: unsupported dtype {array.dtype}")
+    if not array.flags.c_contiguous:
+        raise ShapeError(f"pg.from_numpy: the array of shape {array.shape} is not C-contiguous (strides "
+                         f"{array.strides}); pass np.ascontiguousarray(array), or use pg.tensor to copy")
+    be = resolve(backend)
+    t = tensor_from_numpy(array, be)
+    sharing.exported(t._data, array)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -574,10 +616,14 @@ def abs(x: Tensor) -> Tensor:  # noqa: A001 - |x| = max(x, -x); gradient 0 at 0 
 
 
 def clip(x: Tensor, lo=None, hi=None) -> Tensor:
+    """``x`` limited to ``[lo, hi]``.  As PyTorch's clamp, the gradient w.r.t. ``x`` is 1 on the
+    closed interval (its bounds included), 0 outside and at NaN (which stays NaN); a tensor bound
+    gets the gradient where it is the one taken."""
+    # inside the bounds: x; outside: the bound; NaN: stays NaN with gradient 0 (PyTorch)
     if lo is not None:
-        x = maximum(x, lo)
+        x = where(x >= lo, x, where(x < lo, lo, x.detach()))
     if hi is not None:
-        x = minimum(x, hi)
+        x = where(x <= hi, x, where(x > hi, hi, x.detach()))
     return x
 
 

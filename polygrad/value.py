@@ -54,12 +54,13 @@ Numerical conventions
 * ``relu``: derivative 0 at 0 (micrograd's convention).
 * ``maximum``: on a tie (``a == b``) the gradient is split 0.5 / 0.5 between both operands (the
   symmetric subgradient: the mean of the one-sided derivatives, which is also what a central
-  difference measures).  When a NaN is involved the result is NaN and the gradient is split the
-  same way.  So ``x.relu()`` and ``x.maximum(0)`` differ at exactly 0 (gradient 0 vs 0.5).
+  difference measures).  When a NaN is involved the result is NaN and both operands get the
+  whole gradient (PyTorch's convention).  So ``x.relu()`` and ``x.maximum(0)`` differ at exactly 0 (gradient 0 vs 0.5).
 * ``x ** y`` with a ``Value`` exponent: ``d/dx = y * x**(y-1)``, ``d/dy = x**y * log(x)``.
-  ``log(x)`` is only evaluated for ``x > 0``; for ``x == 0`` and ``y > 0`` the y-derivative is the
-  limit 0; otherwise (``x < 0``, or ``x == 0`` with ``y <= 0``) it is undefined and ``NaN`` is
-  added to ``y.grad`` -- and to whatever ``y`` was computed from.  ``x.grad`` is never poisoned by
+  ``log(x)`` is only evaluated for ``x > 0``; for ``x == 0`` and ``y >= 0`` the y-derivative is
+  the limit 0, for ``x == 0`` and ``y < 0`` it is ``x**y * log(0)`` (``-inf``), and for ``x < 0``
+  it is undefined and ``NaN`` is added to ``y.grad`` -- and to whatever ``y`` was computed from.
+  ``d/dx`` of ``x ** 0`` is 0 everywhere, 0 included (PyTorch's convention).  ``x.grad`` is never poisoned by
   it.  Use a plain number exponent (``x ** 2``) when the exponent needs no gradient: then no
   y-derivative is computed at all.
 * Gradients accumulate (``+=``) exactly like micrograd: call ``zero_grad`` (or set ``.grad = 0``)
@@ -185,11 +186,11 @@ def _sigmoid(x: Any) -> float:
 
 
 def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
-    """d(x**y)/dy = x**y * log(x), defined for x > 0 (and as the limit 0 for x == 0, y > 0)."""
+    """d(x**y)/dy = x**y * log(x), defined for x > 0 (and as the limit 0 for x == 0, y >= 0)."""
     if x > 0:
         return out * _log(x)
-    if x == 0 and y > 0:
-        return 0.0
+    if x == 0:  # PyTorch: 0 for y >= 0 (the limit), out * log(0) = +-inf for y < 0
+        return 0.0 if y >= 0 else out * -_INF
     return _NAN
 
 
@@ -640,8 +641,8 @@ def _run(order: Sequence[Value]) -> None:
             b = v._b
             a.grad += b.data * g
             b.grad += a.data * g
-        elif c == 1:  # RELU
-            v._a.grad += (v.data > 0) * g
+        elif c == 1:  # RELU: 0 at and below 0, 1 above -- and at NaN (PyTorch)
+            v._a.grad += (not v.data <= 0) * g
         elif c == 40:  # SUM
             for a in v._arg:
                 a.grad += g
@@ -652,6 +653,8 @@ def _run(order: Sequence[Value]) -> None:
         elif c == 4:  # POWC (micrograd: (c * x**(c-1)) * g)
             a = v._a
             k = v._arg
+            if k == 0:  # x ** 0 is the constant 1: derivative 0, even at x == 0 (PyTorch)
+                continue
             try:
                 d = a.data ** (k - 1)
             except (ZeroDivisionError, OverflowError):
@@ -691,7 +694,8 @@ def _run(order: Sequence[Value]) -> None:
             b = v._b
             x = a.data
             y = b.data
-            a.grad += (y * _pow(x, y - 1)) * g
+            if y != 0:  # x ** 0 is the constant 1: derivative 0, even at x == 0 (PyTorch)
+                a.grad += (y * _pow(x, y - 1)) * g
             b.grad += _dy_of_pow(x, v.data, y) * g
         elif c == 25:  # MAX
             a = v._a
@@ -702,18 +706,23 @@ def _run(order: Sequence[Value]) -> None:
                 a.grad += g
             elif y > x:
                 b.grad += g
-            else:  # tie (or NaN): split
+            elif x == y:  # tie: split
                 h = 0.5 * g
                 a.grad += h
                 b.grad += h
+            else:  # a NaN: both get all of it (PyTorch)
+                a.grad += g
+                b.grad += g
         elif c == 13:  # MAXC
             a = v._a
             x = a.data
             y = v._arg
             if x > y:
                 a.grad += g
-            elif not y > x:  # tie (or NaN)
+            elif x == y:  # tie
                 a.grad += 0.5 * g
+            elif not y > x:  # a NaN (PyTorch: the whole gradient)
+                a.grad += g
         elif c == 14:  # RPOWC: c ** x
             v._a.grad += _dy_of_pow(v._arg, v.data, v._a.data) * g
         elif c == 41:  # CUSTOM

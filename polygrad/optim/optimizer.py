@@ -221,12 +221,25 @@ class Optimizer:
                 "state": state}
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore hyper-parameters, step count and per-parameter state from :meth:`state_dict`.
+
+        A state dict may come from an untrusted checkpoint, so it is validated exactly as the
+        constructor validates its arguments (``lr`` finite and >= 0, betas in [0, 1), ...), plus
+        shapes, finiteness of the state and a step count >= 0; anything wrong raises
+        :class:`~polygrad.errors.CheckpointError` and leaves the optimizer unchanged.
+        """
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(sd, Mapping):
+            raise CheckpointError(f"{name}: not an optimizer state (a {type(sd).__name__})")
         try:
-            groups = list(sd["param_groups"])
+            groups = [dict(g) for g in sd["param_groups"]]
             state = dict(sd.get("state", {}))
-            step_count = int(sd.get("step_count", 0))
+            raw_step = sd.get("step_count", 0)
+            if isinstance(raw_step, bool) or not isinstance(raw_step, (int, np.integer)) or raw_step < 0:
+                raise ValueError(f"step_count must be an int >= 0, got {raw_step!r:.60}")
+            step_count = int(raw_step)
         except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{type(self).__name__}.load_state_dict: not an optimizer state "
+            raise CheckpointError(f"{name}: not an optimizer state "
                                   f"({type(exc).__name__}: {exc})") from None
         if sd.get("type", type(self).__name__) != type(self).__name__:
             raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state is from a {sd['type']}")
@@ -236,10 +249,29 @@ class Optimizer:
             raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state has "
                                   f"{[len(list(g['params'])) for g in groups]} parameters per group, "
                                   f"this optimizer {[len(g['params']) for g in self.param_groups]}")
+        # hyper-parameters: validated on candidate copies, installed only when all are valid
+        candidates = []
         for saved, group in zip(groups, self.param_groups):
+            candidate = dict(group)
             for k, v in saved.items():
-                if k != "params":
-                    group[k] = tuple(v) if isinstance(group.get(k), tuple) and isinstance(v, list) else v
+                if k == "params":
+                    continue
+                if k not in self.defaults:
+                    raise CheckpointError(f"{name}: unknown hyper-parameter {k!r:.60} "
+                                          f"(known: {sorted(self.defaults)})")
+                default = self.defaults[k]
+                if isinstance(default, tuple) and isinstance(v, list):
+                    v = tuple(v)
+                if isinstance(default, bool) != isinstance(v, bool) or (
+                        isinstance(default, (int, float)) and not isinstance(v, (int, float))):
+                    raise CheckpointError(f"{name}: hyper-parameter {k!r} must be a "
+                                          f"{type(default).__name__}, got {v!r:.60}")
+                candidate[k] = v
+            try:
+                self._check_group(candidate)
+            except (ValueError, TypeError) as exc:
+                raise CheckpointError(f"{name}: invalid hyper-parameters: {exc}") from None
+            candidates.append(candidate)
         new_state: dict[int, dict[str, Any]] = {}
         for key, st in state.items():
             try:
@@ -249,17 +281,28 @@ class Optimizer:
                                       f"parameter {key!r}") from None
             leaf = _leaf_of(p)
             entry = {}
-            for name, v in dict(st).items():
+            if not isinstance(st, Mapping):
+                raise CheckpointError(f"{name}: state of parameter {key} is a {type(st).__name__}, not a dict")
+            for sname, v in dict(st).items():
                 if isinstance(v, (Tensor, np.ndarray)):
                     arr = v.numpy() if isinstance(v, Tensor) else v
                     if tuple(arr.shape) != leaf.shape:
-                        raise CheckpointError(f"{type(self).__name__}.load_state_dict: state {name!r} of "
+                        raise CheckpointError(f"{name}: state {sname!r} of "
                                               f"parameter {key} has shape {tuple(arr.shape)}, expected {leaf.shape}")
+                    if arr.dtype.kind not in "biuf" or not np.isfinite(arr).all():
+                        raise CheckpointError(f"{name}: state {sname!r} of parameter {key} is not finite "
+                                              f"numbers ({arr.dtype}); it would poison the parameters")
                     t = pg.tensor(np.array(arr, dtype=leaf.dtype), backend=leaf.backend)
-                    entry[name] = t._data if _fast(leaf) else t
+                    entry[sname] = t._data if _fast(leaf) else t
+                elif v is None or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                                   and math.isfinite(v) and v >= 0):
+                    entry[sname] = v  # e.g. Adam's per-parameter step count
                 else:
-                    entry[name] = v
+                    raise CheckpointError(f"{name}: state {sname!r} of parameter {key} must be a tensor, "
+                                          f"a finite number >= 0 or None, got {v!r:.60}")
             new_state[id(p)] = entry
+        for candidate, group in zip(candidates, self.param_groups):
+            group.update({k: v for k, v in candidate.items() if k != "params"})
         self.state = new_state
         self.step_count = step_count
 
