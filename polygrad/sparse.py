@@ -222,6 +222,19 @@ class SparseTensor(Tensor):
         t._grad_view = None
         return t
 
+    @classmethod
+    def from_pattern(cls, pattern: Pattern, values: Tensor) -> "SparseTensor":
+        """A sparse tensor over an existing :class:`Pattern` and a dense 1-D tensor of its ``nnz``
+        values, in canonical order (for backends that build patterns themselves, e.g. one kept
+        partitioned on a cluster's workers)."""
+        if not isinstance(pattern, Pattern) or not isinstance(values, Tensor):
+            raise TypeError(f"SparseTensor.from_pattern needs a Pattern and a Tensor, got "
+                            f"{type(pattern).__name__} and {type(values).__name__}")
+        if values.shape != (pattern.nnz,) or getattr(values, "layout", "dense") != "dense":
+            raise ShapeError(f"SparseTensor.from_pattern: values must be a dense 1-D tensor of "
+                             f"nnz={pattern.nnz} entries, got {values.shape}")
+        return cls._wrap(pattern, values)
+
     # -- what the dense Tensor keeps in slots, a sparse one derives from its values ---------------
     @property
     def values(self) -> Tensor:

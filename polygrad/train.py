@@ -121,6 +121,13 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
         if not isinstance(loss, Tensor) or loss.numel != 1:
             raise TypeError(f"fit: loss_fn must return a single-element tensor, got "
                             f"{getattr(loss, 'shape', type(loss).__name__)}")
+        lazy = loss._be.lazy
+        if lazy:
+            # a lazy backend computes what is read: run backward first, so the loss and the
+            # gradients are materialised together and the forward pass runs once, not twice
+            optimizer.zero_grad()
+            loss.backward()
+            pg.materialize(loss, *(p.grad for p in optimizer._params()))
         value = float(loss.item())
         lr = optimizer.current_lr()
         rise_too_big = (good is not None and rollback_threshold is not None
@@ -149,8 +156,9 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                              "loss": value}, checkpoint_path)
             if value < history.best_loss:
                 history.best_loss, history.best_epoch = value, epoch
-            optimizer.zero_grad()
-            loss.backward()
+            if not lazy:
+                optimizer.zero_grad()
+                loss.backward()
             optimizer.step()
             record = EpochRecord(epoch, epochs, value, lr, False, time.perf_counter() - t0, metrics)
         history.records.append(record)

@@ -166,8 +166,19 @@ class Optimizer:
                     state = self.state.setdefault(id(p), {})
                     new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
+        self._materialize()
         self.step_count += 1
         return loss
+
+    def _materialize(self) -> None:
+        """On lazy backends (``Backend.lazy``), compute the new parameters and state once per step,
+        so their task graphs do not grow step after step (``Backend.materialize``)."""
+        leaves = [(p, _leaf_of(p)) for p in self._params()]
+        if not any(leaf._be.lazy for _, leaf in leaves):
+            return
+        state_tensors = [v for p, _ in leaves for v in self.state.get(id(p), {}).values()
+                         if isinstance(v, Tensor)]
+        pg.materialize(*(leaf for _, leaf in leaves), *state_tensors)
 
     def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
         """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier)."""
