@@ -74,7 +74,8 @@ class Backend:
     # -- lazy and remote backends -------------------------------------------------------------
     #: True when kernels only *describe* work (a task graph) that runs later, on ``to_numpy`` or
     #: ``materialize``.  ``fit`` then runs backward before reading the loss, so one
-    #: materialisation computes the forward pass once for the loss and the gradients.
+    #: materialisation computes the forward pass once for the loss and the gradients.  A lazy
+    #: backend's arrays are immutable values (nothing writes into them), so a snapshot may share them.
     lazy: bool = False
 
     def materialize(self, arrays: list) -> list:

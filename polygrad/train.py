@@ -70,6 +70,8 @@ def _copy_tensor(t: Tensor) -> Tensor:
     # a private copy: the snapshot must not change if someone writes into the live storage
     if getattr(t, "layout", "dense") != "dense":
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
+    if t._be.lazy:  # a lazy backend's arrays are immutable values: sharing one is a copy
+        return t.detach()
     return pg.tensor(t.numpy().copy(), backend=t.backend)
 
 
