@@ -1299,6 +1299,8 @@ def maybe_sparsify_for_matmul(a: Tensor, b: Tensor) -> SparseTensor | None:
         return None
     if a.requires_grad and is_grad_enabled():
         return None
+    if a._be.lazy:  # counting its nonzeros would compute the matrix and gather it onto this process
+        return None
     if a.shape[0] * a.shape[1] < config.sparse_min_elements and _events["polygrad_layout_chosen"] is None:
         return None  # choose_layout's size rule, without the bookkeeping (the common small matmul)
     entry = _cache_entry(a)
