@@ -24,7 +24,7 @@ if distributed is not None:
 TIMEOUT = 120
 
 
-def installed() -> bool:
+def _installed() -> bool:
     """Whether polygrad loaded polygrad-dask through its entry point."""
     from polygrad.registry import registry
     registry.load()
@@ -35,7 +35,7 @@ def installed() -> bool:
 @pytest.fixture(scope="session")
 def dask_plugin():
     """The plugin module, registered (through its entry point, or for the session only)."""
-    if installed():
+    if _installed():
         yield polygrad_dask
         return
     from polygrad.testing.temporary import temporary_plugin

@@ -16,7 +16,6 @@ pytest.importorskip("dask.array")
 pytest.importorskip("distributed")
 
 import polygrad as pg  # noqa: E402
-from conftest import installed  # noqa: E402
 from polygrad import nn, optim  # noqa: E402
 from polygrad.data import find_planetoid_dir  # noqa: E402
 from polygrad.errors import BackendError, BackendUnavailableError  # noqa: E402
@@ -29,6 +28,14 @@ pytestmark = pytest.mark.usefixtures("cluster_client")
 REPO = Path(__file__).resolve().parents[3]
 PLANETOID = find_planetoid_dir(REPO.parent / "shared" / "data" / "planetoid", REPO / ".device_data" / "planetoid") \
     or REPO / "missing-planetoid"
+
+
+def installed() -> bool:
+    """Whether polygrad loaded polygrad-dask through its entry point (not registered by hand)."""
+    from polygrad.registry import registry
+    registry.load()
+    entry = registry.entries.get("dask")
+    return entry is not None and entry.origin == "polygrad-dask" and entry.backend is not None
 
 
 def random_graph(n: int, e: int, seed: int) -> np.ndarray:
