@@ -10,6 +10,9 @@ import os
 
 #: row blocks per array; ``DaskBackend.connect`` raises it to the number of workers
 partitions: int = int(os.environ.get("POLYGRAD_DASK_PARTITIONS", "2"))
+#: fewest rows per block: smaller arrays (weights, biases, optimizer state) stay one block, since
+#: splitting them only adds tasks (and per-task scheduling costs more than the work)
+min_block_rows: int = int(os.environ.get("POLYGRAD_DASK_MIN_BLOCK_ROWS", "1024"))
 
 
 def set_partitions(n: int) -> None:
@@ -20,8 +23,9 @@ def set_partitions(n: int) -> None:
 
 
 def row_chunks(n: int) -> tuple[int, ...]:
-    """Block sizes of ``n`` rows: ``partitions`` blocks (fewer when ``n`` is smaller)."""
-    blocks = max(1, min(partitions, n))
+    """Block sizes of ``n`` rows: ``partitions`` blocks, fewer when blocks would be smaller than
+    ``min_block_rows``."""
+    blocks = max(1, min(partitions, n // max(min_block_rows, 1)))
     base, extra = divmod(n, blocks)
     return tuple(base + (1 if i < extra else 0) for i in range(blocks))
 

@@ -146,7 +146,7 @@ def load_edge_shards(path: "str | os.PathLike", *, add_self_loops: bool = False,
     part = Partition((n, n), bounds, bounds, nnz, blocks)
     arrays = [da.from_delayed(v, (k,), dtype=dt) for v, k in zip(values, nnz)]
     data = arrays[0] if len(arrays) == 1 else da.concatenate(arrays)
-    return SparseTensor.from_pattern(DistributedPattern(part), pg.tensor(data, backend="dask"))
+    return SparseTensor.from_pattern(DistributedPattern(part), pg.Tensor.from_backend(data, "dask"))
 
 
 def gcn_adjacency(path: "str | os.PathLike", dtype: Any = None) -> SparseTensor:

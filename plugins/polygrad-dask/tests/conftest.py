@@ -50,11 +50,13 @@ def cluster_client(dask_plugin):
 
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
     client = Client(cluster, set_as_default=True, timeout=TIMEOUT)
-    saved = dask_plugin.chunks.partitions
+    saved = dask_plugin.chunks.partitions, dask_plugin.chunks.min_block_rows
     dask_plugin.chunks.set_partitions(2)
+    dask_plugin.chunks.min_block_rows = 1  # small test graphs still get two row blocks
     try:
         yield client
     finally:
-        dask_plugin.chunks.set_partitions(saved)
+        dask_plugin.chunks.set_partitions(saved[0])
+        dask_plugin.chunks.min_block_rows = saved[1]
         client.close()
         cluster.close()

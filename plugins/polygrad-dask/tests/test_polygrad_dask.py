@@ -229,6 +229,7 @@ def test_killed_worker_mid_epoch_then_training_resumes(cluster_client):
             # the parameters are those of the last completed step
             for p, saved in zip(model.parameters(), params[-1]):
                 np.testing.assert_array_equal(p.numpy(), saved)
+    print(f"worker killed: {failures} failed step(s)")
     cluster_client.wait_for_workers(2, timeout=60)  # the nanny restarts the killed process
     np.testing.assert_allclose(np.array(losses), want, rtol=1e-9)
 
@@ -236,3 +237,21 @@ def test_killed_worker_mid_epoch_then_training_resumes(cluster_client):
 def test_unreachable_scheduler_raises_naming_the_address(dask_plugin):
     with pytest.raises(BackendUnavailableError, match=r"tcp://127\.0\.0\.1:9.*within 1 s"):
         dask_plugin.connect(scheduler="tcp://127.0.0.1:9", timeout=1)
+
+
+def _lost() -> np.ndarray:
+    raise RuntimeError("worker lost its data")
+
+
+def test_failed_step_is_a_polygrad_error_and_leaves_parameters_intact():
+    import dask
+    import dask.array as da
+
+    w = pg.tensor(np.ones((4, 2)), backend="dask", requires_grad=True)
+    opt = optim.SGD([w], lr=0.1)
+    broken = pg.Tensor.from_backend(da.from_delayed(dask.delayed(_lost, pure=False)(), (4, 2),
+                                                    dtype=np.float64), "dask")
+    (w * broken).sum().backward()
+    with pytest.raises(BackendError, match="dask.*resume"):
+        opt.step()
+    np.testing.assert_array_equal(w.numpy(), np.ones((4, 2)))  # the step did not half-happen
