@@ -145,7 +145,7 @@ def partition_of(pattern: Pattern) -> Partition:
     key = (tuple(chunks.bounds(n)), tuple(chunks.bounds(m)), id(client))
     per_pattern = _CACHE.setdefault(pattern, {})
     hit = per_pattern.get(key)
-    if hit is not None and all(f.status != "cancelled" for f in hit.blocks):
+    if hit is not None and all(f.status not in ("cancelled", "lost", "error") for f in hit.blocks):
         return hit
     row_bounds, col_bounds = key[0], key[1]
     indptr = pattern.indptr
