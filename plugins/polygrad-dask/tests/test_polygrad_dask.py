@@ -3,6 +3,7 @@ numpy backend, bounded graphs, edge shards, GCN training parity, a killed worker
 scheduler."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -255,3 +256,15 @@ def test_failed_step_is_a_polygrad_error_and_leaves_parameters_intact():
     with pytest.raises(BackendError, match="dask.*resume"):
         opt.step()
     np.testing.assert_array_equal(w.numpy(), np.ones((4, 2)))  # the step did not half-happen
+
+
+def test_cli_demo_joins_a_running_cluster_and_reports_the_backend(cluster_client, capsys):
+    from polygrad import cli
+
+    address = cluster_client.scheduler.address
+    assert cli.main(["demo", "gcn", "--backend", "dask", "--scheduler", address, "--epochs", "2",
+                     "--json", "--no-progress"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["backend"] == "dask" and record["epochs"] == 2
+    from distributed import default_client
+    assert default_client() is cluster_client or cluster_client.status == "running"
