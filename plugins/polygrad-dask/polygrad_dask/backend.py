@@ -1,7 +1,7 @@
 """The ``dask`` backend: dask arrays chunked by rows, run on a ``distributed`` cluster.
 
 Dense tensors are ``dask.array`` arrays whose first axis (nodes) is split into
-:meth:`DaskBackend.row_chunks` -- a function of the length only, so every ``N x F`` array of one
+:func:`polygrad_dask.chunks.row_chunks` -- a function of the length only, so every ``N x F`` array of one
 graph has the same row blocks and elementwise ops never re-chunk.  Kernels build task graphs;
 values are computed when read (``to_numpy``: ``.numpy()``, ``.item()``, printing) or by
 :meth:`DaskBackend.materialize`, which optimizers and ``fit`` call once per step so graphs stay
