@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -15,6 +16,12 @@ import pytest
 
 pytest.importorskip("dask.array")
 pytest.importorskip("distributed")
+
+try:
+    import polygrad_dask  # noqa: E402
+except ImportError:  # running from the source tree, not installed
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import polygrad_dask  # noqa: E402
 
 import polygrad as pg  # noqa: E402
 from polygrad import nn, optim  # noqa: E402
@@ -26,6 +33,41 @@ from polygrad.testing.conformance import run_conformance  # noqa: E402
 from polygrad.train import fit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cluster_client")
+#: seconds a connection to the test cluster may take before it is a failure
+TIMEOUT = 120
+
+# (the fixtures live here, not in a conftest.py: plugin test folders are collected in one session,
+# and two modules named "conftest" would shadow each other)
+
+
+@pytest.fixture(scope="session")
+def dask_plugin():
+    """The plugin module, registered (through its entry point, or for the session only)."""
+    if installed():
+        yield polygrad_dask
+        return
+    from polygrad.testing.temporary import temporary_plugin
+    with temporary_plugin(polygrad_dask, "dask"):
+        yield polygrad_dask
+
+
+@pytest.fixture(scope="session")
+def cluster_client(dask_plugin):
+    """A LocalCluster of 2 worker processes (the default client while it lives), 2 row blocks."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(cluster, set_as_default=True, timeout=TIMEOUT)
+    saved = dask_plugin.chunks.partitions, dask_plugin.chunks.min_block_rows
+    dask_plugin.chunks.set_partitions(2)
+    dask_plugin.chunks.min_block_rows = 1  # small test graphs still get two row blocks
+    try:
+        yield client
+    finally:
+        dask_plugin.chunks.set_partitions(saved[0])
+        dask_plugin.chunks.min_block_rows = saved[1]
+        client.close()
+        cluster.close()
 REPO = Path(__file__).resolve().parents[3]
 PLANETOID = find_planetoid_dir(REPO.parent / "shared" / "data" / "planetoid", REPO / ".device_data" / "planetoid") \
     or REPO / "missing-planetoid"
