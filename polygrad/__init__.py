@@ -28,6 +28,7 @@ from .tensor import (
 )
 from .tensor import from_numpy
 from .value import Value
+from .lazy import materialize
 from .monitor import monitor
 from .draw import draw_graph
 from .checkpoint import load, save
@@ -48,5 +49,5 @@ __all__ = [
     "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
     "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
-    "zeros_like", "save", "load", "monitor", "draw_graph", "compile", *_sparse_all,
+    "zeros_like", "save", "load", "materialize", "monitor", "draw_graph", "compile", *_sparse_all,
 ]

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .errors import BackendError
+
 Kernel = Callable[..., Any]
 
 
@@ -71,6 +73,32 @@ class Backend:
     def memory_available(self) -> int | None:
         """Bytes this backend can still allocate, or None to use host memory (psutil)."""
         return None
+
+    # -- lazy and remote backends -------------------------------------------------------------
+    #: True when kernels only *describe* work (a task graph) that runs later, on ``to_numpy`` or
+    #: ``materialize``.  ``fit`` then runs backward before reading the loss, so one
+    #: materialisation computes the forward pass once for the loss and the gradients.  A lazy
+    #: backend's arrays are immutable values (nothing writes into them), so a snapshot may share them.
+    lazy: bool = False
+
+    def materialize(self, arrays: list) -> list:
+        """Compute ``arrays`` (and keep the results where they are: device, workers) in one go.
+
+        Returns arrays equal in value whose pending work is done, so an array that is reused
+        step after step (a parameter, a gradient, optimizer state) does not carry the whole
+        history of its computation.  Optimizers call it once per ``step()`` on every parameter
+        and state array, ``fit`` once per epoch on the loss and the gradients; arrays computed
+        together share their common work.  Eager backends keep the default: the identity.
+        """
+        return list(arrays)
+
+    def connect(self, *, scheduler: str | None = None, workers: int | None = None) -> Any:
+        """Start or join the cluster a distributed backend runs on (``polygrad demo --workers N``
+        / ``--scheduler ADDRESS``); returns an object whose ``close()`` releases it.  Raises
+        :class:`~polygrad.errors.BackendUnavailableError` naming the address when it cannot be
+        reached.  Single-process backends keep the default, which refuses."""
+        raise BackendError(f"backend {self.name!r} runs in this process: --workers/--scheduler need a "
+                           "backend that runs on a cluster")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

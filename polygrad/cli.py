@@ -3,7 +3,7 @@
     polygrad backends [--json]                 table of discovered backends
     polygrad demo moons [--plot FILE.png] [--json] ...
     polygrad demo gcn [--data DIR | --download] [--dataset cora] [--backend NAME] [--epochs N]
-                      [--seed S] [--runs N] [--plot FILE.png] [--json]
+                      [--seed S] [--runs N] [--plot FILE.png] [--json] [--workers N | --scheduler ADDR]
     polygrad bench NAME [--quick] [--json-only] | polygrad bench --list
     polygrad check ...                         the backend conformance kit (polygrad.testing)
 
@@ -133,6 +133,16 @@ def _check_graph_path(path: str | None) -> None:
                                 "DOT text without it")
 
 
+def _connect_cluster(args: argparse.Namespace) -> Any:
+    """--workers N / --scheduler ADDRESS: the backend's cluster (``Backend.connect``), or None."""
+    if not (getattr(args, "workers", None) or getattr(args, "scheduler", None)):
+        return None
+    import polygrad as pg
+    from polygrad.registry import registry
+    be = registry.get(args.backend or pg.get_backend())
+    return be.connect(scheduler=args.scheduler, workers=args.workers)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from polygrad import demos
 
@@ -151,10 +161,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if synthetic and args.dataset.lower() != "cora":
             print(f"polygrad: note: --dataset {args.dataset} needs --data DIR or --download; running on the "
                   "embedded synthetic graph", file=sys.stderr)
-        result = demos.run_gcn(data=data, dataset=args.dataset, backend=args.backend, epochs=args.epochs,
-                               seed=args.seed, runs=args.runs, plot=args.plot, progress=progress,
-                               download=args.download, monitor=args.monitor, graph=args.graph,
-                               compile=args.compile)
+        cluster = _connect_cluster(args)
+        try:
+            result = demos.run_gcn(data=data, dataset=args.dataset, backend=args.backend, epochs=args.epochs,
+                                   seed=args.seed, runs=args.runs, plot=args.plot, progress=progress,
+                                   download=args.download, monitor=args.monitor, graph=args.graph,
+                                   compile=args.compile)
+        finally:
+            if cluster is not None:
+                cluster.close()
         if synthetic:
             print("polygrad: no --data DIR given: trained on the embedded synthetic graph (stochastic block "
                   "model); pass --data <folder with ind.cora.*> (or --download) for Cora", file=sys.stderr)
@@ -309,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed of the (first) run (default 0)")
     g.add_argument("--runs", type=_positive_int, default=1, help="runs with seeds seed, seed+1, ...; "
                                                                   "reports the mean test accuracy")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=_positive_int, metavar="N",
+                       help="a distributed backend (--backend dask): start a local cluster of N worker processes")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="a distributed backend (--backend dask): join the cluster at ADDRESS (tcp://HOST:8786)")
     _add_common_demo_args(g)
     g.set_defaults(func=cmd_demo)
 

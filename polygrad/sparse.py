@@ -223,6 +223,19 @@ class SparseTensor(Tensor):
         t._grad_view = None
         return t
 
+    @classmethod
+    def from_pattern(cls, pattern: Pattern, values: Tensor) -> "SparseTensor":
+        """A sparse tensor over an existing :class:`Pattern` and a dense 1-D tensor of its ``nnz``
+        values, in canonical order (for backends that build patterns themselves, e.g. one kept
+        partitioned on a cluster's workers)."""
+        if not isinstance(pattern, Pattern) or not isinstance(values, Tensor):
+            raise TypeError(f"SparseTensor.from_pattern needs a Pattern and a Tensor, got "
+                            f"{type(pattern).__name__} and {type(values).__name__}")
+        if values.shape != (pattern.nnz,) or getattr(values, "layout", "dense") != "dense":
+            raise ShapeError(f"SparseTensor.from_pattern: values must be a dense 1-D tensor of "
+                             f"nnz={pattern.nnz} entries, got {values.shape}")
+        return cls._wrap(pattern, values)
+
     # -- what the dense Tensor keeps in slots, a sparse one derives from its values ---------------
     @property
     def values(self) -> Tensor:
@@ -1310,6 +1323,8 @@ def maybe_sparsify_for_matmul(a: Tensor, b: Tensor) -> SparseTensor | None:
     if a.ndim != 2 or b.ndim not in (1, 2) or a.dtype.kind != "f" or b.dtype.kind != "f":
         return None
     if a.requires_grad and is_grad_enabled():
+        return None
+    if a._be.lazy:  # counting its nonzeros would compute the matrix and gather it onto this process
         return None
     if a.shape[0] * a.shape[1] < config.sparse_min_elements and _events["polygrad_layout_chosen"] is None:
         return None  # choose_layout's size rule, without the bookkeeping (the common small matmul)

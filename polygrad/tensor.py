@@ -61,6 +61,17 @@ class Tensor:
         t.name = None
         return t
 
+    @classmethod
+    def from_backend(cls, array: Any, backend: Any = None, requires_grad: bool = False) -> "Tensor":
+        """Wrap a backend's own array without copying it (``pg.tensor`` copies through the host):
+        for arrays that live elsewhere -- a device, a cluster's workers -- built by a plugin."""
+        be = resolve(backend)
+        if not be.owns(array):
+            raise DTypeError(f"Tensor.from_backend: backend {be.name!r} does not own a "
+                             f"{type(array).__name__}")
+        t = cls._make(array, be, tuple(be.shape(array)), be.dtype(array))
+        return t.requires_grad_() if requires_grad else t
+
     # -- properties ---------------------------------------------------------------------------
     @property
     def backend(self) -> str:

@@ -70,6 +70,8 @@ def _copy_tensor(t: Tensor) -> Tensor:
     # a private copy: the snapshot must not change if someone writes into the live storage
     if getattr(t, "layout", "dense") != "dense":
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
+    if t._be.lazy:  # a lazy backend's arrays are immutable values: sharing one is a copy
+        return t.detach()
     return pg.tensor(t.numpy().copy(), backend=t.backend)
 
 
@@ -143,10 +145,20 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     for epoch in range(epochs):
         t0 = time.perf_counter()
         if step is not None:
-            loss, metrics = step()
+            loss, metrics = step()  # zero_grad + forward + backward, compiled
+            backward_done = True
         else:
             loss, metrics = _split(loss_fn())
             _check_loss(loss)
+            backward_done = False
+        if loss._be.lazy:
+            # a lazy backend computes what is read: run backward first, so the loss and the
+            # gradients are materialised together and the forward pass runs once, not twice
+            if not backward_done:
+                optimizer.zero_grad()
+                loss.backward()
+                backward_done = True
+            pg.materialize(loss, *(p.grad for p in optimizer._params()))
         value = float(loss.item())
         lr = optimizer.current_lr()
         rise_too_big = (good is not None and rollback_threshold is not None
@@ -175,7 +187,7 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                              "loss": value}, checkpoint_path)
             if value < history.best_loss:
                 history.best_loss, history.best_epoch = value, epoch
-            if step is None:
+            if not backward_done:
                 optimizer.zero_grad()
                 loss.backward()
             optimizer.step()

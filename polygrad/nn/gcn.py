@@ -117,6 +117,7 @@ class GCNConv(Module):
         # an adjacency whose values carry gradient is rebuilt every call (a cached one would be
         # backpropagated through twice)
         if self.cached and not getattr(adj, "requires_grad", False):
+            pg.materialize(adj)  # a lazy backend computes it once, not in every epoch's graph
             self._cache_key, self._cache = (fingerprint, key), adj
         return adj
 

@@ -155,6 +155,7 @@ class Optimizer:
                 loss = closure()
         factor = self.lr_factor()
         homes = self.__dict__.setdefault("_state_homes", {})  # id(param) -> backend its state is on
+        undo = self._undo_record()
         with pg.no_grad():
             for group in self.param_groups:
                 lr = group["lr"] * factor
@@ -177,8 +178,39 @@ class Optimizer:
                     homes[id(p)] = leaf._be
                     new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
+        if undo is not None:
+            try:
+                self._materialize()
+            except BaseException:
+                undo()  # a failed step (a lost worker...) leaves parameters and state as they were
+                raise
         self.step_count += 1
         return loss
+
+    def _undo_record(self) -> Callable[[], None] | None:
+        """On lazy backends, how to put every parameter's storage and the state back (else None)."""
+        leaves = [_leaf_of(p) for p in self._params()]
+        if not any(leaf._be.lazy for leaf in leaves):
+            return None
+        storage = [(leaf, leaf._data) for leaf in leaves]
+        state = {k: dict(v) for k, v in self.state.items()}
+        tensors = [(v, v._data) for st in self.state.values() for v in st.values() if isinstance(v, Tensor)]
+
+        def undo() -> None:
+            for leaf, data in storage:
+                leaf._data = data
+            self.state = state
+            for t, data in tensors:
+                t._data = data
+        return undo
+
+    def _materialize(self) -> None:
+        """On lazy backends (``Backend.lazy``), compute the new parameters and state once per step,
+        so their task graphs do not grow step after step (``Backend.materialize``)."""
+        leaves = [(p, _leaf_of(p)) for p in self._params()]
+        state_tensors = [v for p, _ in leaves for v in self.state.get(id(p), {}).values()
+                         if isinstance(v, Tensor)]
+        pg.materialize(*(leaf for _, leaf in leaves), *state_tensors)
 
     def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
         """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier)."""
