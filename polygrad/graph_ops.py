@@ -136,19 +136,18 @@ def sddmm(pattern_or_sparse: Any, a: Tensor, b: Tensor) -> Any:
     return SparseTensor._wrap(pattern, values) if is_sparse(pattern_or_sparse) else values
 
 
-def _finite_or_zero(m: Tensor) -> Tensor:
-    return where(m.abs() < np.inf, m, 0.0)
-
-
 def segment_softmax(values: Tensor, pattern: Pattern) -> Tensor:
     """Softmax of 1-D ``values`` within each row of ``pattern`` (the shared kernel of edge softmax).
 
-    Shifted by the row maximum (detached: softmax is shift-invariant; a row of -inf is shifted by
-    0 rather than turned into nan), exponentiated, divided by the row sum.
+    Shifted by the row maximum (detached: softmax is shift-invariant), exponentiated, divided by
+    the row sum.  A fully masked row (all -inf) is shifted by 0 and divided by 1, so it gives
+    zeros rather than nan (as PyG's ``softmax``).
     """
-    shift = _finite_or_zero(segment_max(values.detach(), pattern))
+    m = segment_max(values.detach(), pattern)
+    shift = where(m > -np.inf, m, 0.0)
     e = (values - shift[pattern.rows]).exp()
-    return e / segment_sum(e, pattern)[pattern.rows]
+    total = segment_sum(e, pattern)
+    return e / where(total > 0, total, 1.0)[pattern.rows]
 
 
 def edge_softmax(pattern_or_sparse: Any, scores: Any = None) -> Any:
