@@ -234,22 +234,30 @@ def scatter_mean(src: Tensor, index: Any, dim_size: int | None = None) -> Tensor
     return total * tensor(inv.reshape((n,) + (1,) * (src.ndim - 1)).astype(total.dtype), backend=total._be)
 
 
-def _group_pattern(idx: np.ndarray, n: int) -> tuple[Pattern, np.ndarray]:
-    """(pattern, order): row i of the [n, E] pattern holds the entries e with idx[e] == i, taken
-    in ``order`` (stable), with columns numbered 0..E-1 in that order (values come pre-gathered)."""
+def _feature_major_groups(idx: np.ndarray, n: int, width: int) -> tuple[Pattern, np.ndarray]:
+    """(pattern, order) to reduce ``width`` columns of grouped entries with one 1-D segment op.
+
+    The entries are taken in ``order`` (stable sort by group) and laid out feature-major
+    (``values[order].T``): column k's entries of group i are then the contiguous run
+    ``k*E + indptr[i] .. k*E + indptr[i+1]``, i.e. row ``k*n + i`` of a ``[width*n, width*E]``
+    pattern whose row pointers are arithmetic -- no per-entry sort or index shuffle.
+    """
+    e = idx.shape[0]
     order = np.argsort(idx, kind="stable")
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(_counts(idx, n), out=indptr[1:])
-    return Pattern((n, idx.shape[0]), indptr, np.arange(idx.shape[0], dtype=np.int64), rows=idx[order]), order
+    starts = (indptr[:-1][None, :] + (np.arange(width, dtype=np.int64) * e)[:, None]).ravel()
+    fm_indptr = np.append(starts, width * e)
+    return Pattern((width * n, width * e), fm_indptr, np.arange(width * e, dtype=np.int64)), order
 
 
 def scatter_max(src: Tensor, index: Any, dim_size: int | None = None) -> Tensor:
     """Maximum of the rows of ``src`` per group of ``index`` (empty groups give 0, as PyG).
 
     Gradient: to the maximal entries, split evenly among ties (polygrad's max convention).  The
-    maxima come from SEGMENT_MAX over the head-expanded group pattern (all columns at once); the
-    result is then ``scatter_sum(src * w)`` with the constant tie weights ``w``, which has both
-    the right value and the right gradient.
+    maxima come from one SEGMENT_MAX over the entries laid out feature-major (all columns at
+    once, :func:`_feature_major_groups`); the result is then ``scatter_sum(src * w)`` with the
+    constant tie weights ``w``, which has both the right value and the right gradient.
     """
     op = "scatter_max"
     idx = _index(op, index, dim_size)
@@ -259,11 +267,9 @@ def scatter_max(src: Tensor, index: Any, dim_size: int | None = None) -> Tensor:
     width = int(np.prod(src.shape[1:], dtype=np.int64))
     if idx.size == 0 or width == 0:
         return index_add(src, (idx,), (n,) + src.shape[1:])
-    group, order = _group_pattern(idx, n)
+    pattern, order = _feature_major_groups(idx, n, width)
     flat = src.detach().reshape(idx.shape[0], width)
-    with_order = flat[order]                      # entries in group order, [E, width]
-    expanded, to_expanded, _ = expand_pattern(group, width)
-    best = segment_max(with_order.reshape(-1)[to_expanded], expanded).reshape(n, width)
+    best = segment_max(flat[order].T.reshape(-1), pattern).reshape(width, n).T   # [n, width]
     hit = (flat == best[idx]).cast(src.dtype)     # 1 at the maxima (ties included), no gradient
     ties = index_add(hit, (idx,), (n, width))
     weight = hit / where(ties > 0, ties, 1.0)[idx]
