@@ -15,7 +15,7 @@ Two runs of the same model (SAGEConv 64 -> 16 -> 4, mean aggregation, ReLU, no d
 Reported: per-step training loss of both at matching step counts (the sampled loss is over its
 batch's seeds), the sampled model's loss over all training nodes after its epoch (full
 neighbourhoods, evaluated after the peak RSS was read), seconds per epoch, and peak RSS of each
-process (``ru_maxrss``), with the graph/feature arrays' own size as the anchor: the sampled run's
+process (VmHWM), with the graph/feature arrays' own size as the anchor: the sampled run's
 peak minus that baseline is what training costs, independent of the graph's size.
 """
 from __future__ import annotations
@@ -39,6 +39,15 @@ BATCH = 1024
 
 
 def _peak_mib() -> float:
+    """This process's peak RSS: VmHWM of its own address space (Linux).  ``ru_maxrss`` would
+    carry over the parent's size from fork, hiding the worker's own figure."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
