@@ -237,3 +237,31 @@ def test_gather_and_scatter_reject_bad_input():
     with pytest.raises(ValueError, match="reduce"):
         pg.scatter(x, [0, 1, 2, 3], reduce="min")
     assert pg.scatter(x, [0, 0, 0, 0], dim_size=3, reduce="max").numpy()[1:].tolist() == [[0, 0], [0, 0]]
+
+
+# -- fallback ----------------------------------------------------------------------------------
+
+def test_graph_ops_survive_faulty_kernels_through_the_scalar_fallback():
+    """With the numpy kernels these composites lean on raising, the scalar decomposition gives
+    the same values and gradients (and says so with a FallbackWarning)."""
+    from polygrad.testing import inject_fault
+
+    p, _ = _pattern()
+    rng = np.random.default_rng(3)
+    s, src = rng.normal(size=(p.nnz, 2)), rng.normal(size=(7, 3))
+
+    def run():
+        ts, tx = pg.tensor(s, requires_grad=True), pg.tensor(src, requires_grad=True)
+        out = (pg.edge_softmax(p, pg.leaky_relu(ts, 0.2)).sum() + pg.elu(pg.scatter(tx, INDEX, 5, "max")).sum()
+               + pg.gelu(tx).sum() + pg.softplus(tx).sum())
+        out.backward()
+        return out.item(), ts.grad.numpy(), tx.grad.numpy()
+
+    clean = run()
+    with pytest.warns(pg.FallbackWarning), inject_fault("numpy", "where") as f1, \
+            inject_fault("numpy", "segment_max") as f2, inject_fault("numpy", "segment_sum") as f3:
+        faulty = run()
+    assert f1.triggered and f2.triggered and f3.triggered
+    np.testing.assert_allclose(faulty[0], clean[0], rtol=1e-12)
+    for a, b in zip(faulty[1:], clean[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
