@@ -11,7 +11,7 @@ for the seeds under the sample.
 Sampling is vectorised numpy over the CSR of incoming edges (no Python loop over nodes); the
 generator is seeded, so the same seed yields the same batches.  Memory per batch is bounded by
 ``batch_size * prod(1 + fanouts)`` nodes, independent of the graph's size; the CSR itself is
-built once (O(E)).
+built once (O(E)).  A sampler keeps one node-id scratch array: use one sampler per thread.
 """
 from __future__ import annotations
 
@@ -109,7 +109,14 @@ class NeighborSampler:
 
     def sample(self, seeds: Any) -> SampledGraph:
         """The sampled sub-graph around ``seeds`` (global ids, distinct)."""
-        seeds = np.asarray(seeds, dtype=np.int64)
+        seeds = np.asarray(seeds)
+        if seeds.ndim != 1 or (seeds.size and seeds.dtype.kind not in "iu"):
+            raise DataError(f"NeighborSampler.sample: seeds must be 1-D integer node ids, got {seeds.dtype} {seeds.shape}")
+        seeds = seeds.astype(np.int64, copy=False)
+        if seeds.size and (seeds.min() < 0 or seeds.max() >= self.num_nodes):
+            raise DataError(f"NeighborSampler.sample: seeds outside [0, {self.num_nodes})")
+        if np.unique(seeds).shape[0] != seeds.shape[0]:
+            raise DataError("NeighborSampler.sample: seeds must be distinct")
         seen = self._seen
         n_id = [seeds]
         seen[seeds] = np.arange(seeds.shape[0])

@@ -65,6 +65,7 @@ class GraphCache:
         self.self_loops = self_loops
         self._key: Any = None
         self._value: tuple[Pattern, np.ndarray | None] | None = None
+        self.num_edges = 0  # edges of the cached graph as given (per-edge data must have as many rows)
 
     def get(self, graph: Any, num_nodes: int) -> tuple[Pattern, np.ndarray | None]:
         """(pattern, order): ``order`` maps edge-indexed data to pattern order (None for a sparse graph)."""
@@ -93,6 +94,7 @@ class GraphCache:
             else:
                 value = graph_pattern(ei, num_nodes)
         self._key, self._value = (graph, num_nodes), value
+        self.num_edges = value[0].nnz if is_sparse(graph) or isinstance(graph, Pattern) else int(ei.shape[1])
         return value
 
 
@@ -154,10 +156,11 @@ class MessagePassing(Module):
     def _edge_tensor(self, name: str, value: Any, pattern: Pattern, order: np.ndarray | None) -> Tensor:
         if not isinstance(value, Tensor):
             value = tensor(np.asarray(value))
-        n_edges = pattern.nnz if order is None else order.shape[0]
-        if value.ndim < 1 or (order is None and value.shape[0] != pattern.nnz):
+        n_edges = pattern.nnz if order is None else self._graphs.num_edges
+        if value.ndim < 1 or value.shape[0] != n_edges:
+            where = "in the adjacency's order" if order is None else "in edge_index order"
             raise ShapeError(f"{type(self).__name__}: {name} of shape {value.shape} needs one row per edge "
-                             f"({n_edges}, in the adjacency's order)")
+                             f"({n_edges}, {where})")
         return value if order is None else value[order]
 
     def _spmm(self, x: Tensor, pattern: Pattern, edge_weight: Tensor | None) -> Tensor:

@@ -96,6 +96,8 @@ def test_message_passing_reports_misuse():
         NeedsFoo().propagate(EDGES, x=pg.tensor(_x()))
     with pytest.raises(ShapeError, match="edge_weight"):
         GatedConv()(pg.tensor(_x()), pg.from_edge_index(EDGES, N), pg.tensor(np.ones(3)))
+    with pytest.raises(ShapeError, match="edge_index order"):
+        GatedConv()(pg.tensor(_x()), EDGES, pg.tensor(np.ones(EDGES.shape[1] + 1)))
 
 
 # -- GATConv ------------------------------------------------------------------------------------
@@ -313,6 +315,11 @@ def test_sampler_is_reproducible_by_seed_and_takes_everything_with_minus_one():
         pdata.NeighborSampler(ei, 50, [0])
     with pytest.raises(DataError, match="outside"):
         pdata.NeighborSampler(ei, 10, [2])
+    sampler = pdata.NeighborSampler(ei, 50, [2])
+    for bad, msg in (([1, 1], "distinct"), ([50], "outside"), ([0.5], "integer")):
+        with pytest.raises(DataError, match=msg):
+            sampler.sample(np.array(bad))
+    assert (sampler._seen == -1).all()  # a refused or finished batch leaves the scratch clean
 
 
 def test_sampled_sage_on_a_subgraph_matches_the_full_graph_at_full_fanout():
