@@ -25,7 +25,7 @@ import numpy as np
 from .errors import DTypeError, ShapeError, SparseIndexError
 from .pattern import Pattern
 from .sparse import SparseTensor, is_sparse
-from .tensor import Tensor, _floating, index_add, segment_max, segment_sum, spmm, tensor, where
+from .tensor import Tensor, _floating, index_add, segment_max, segment_sum, tensor, where
 from .tensor import sddmm as _sddmm_primitive
 
 __all__ = ["sddmm", "edge_softmax", "gather", "scatter", "scatter_sum", "scatter_mean", "scatter_max",
