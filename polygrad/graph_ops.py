@@ -234,16 +234,17 @@ def scatter_mean(src: Tensor, index: Any, dim_size: int | None = None) -> Tensor
     return total * tensor(inv.reshape((n,) + (1,) * (src.ndim - 1)).astype(total.dtype), backend=total._be)
 
 
-def _feature_major_groups(idx: np.ndarray, n: int, width: int) -> tuple[Pattern, np.ndarray]:
+def _feature_major_groups(idx: np.ndarray, n: int, width: int) -> tuple[Pattern, np.ndarray | None]:
     """(pattern, order) to reduce ``width`` columns of grouped entries with one 1-D segment op.
 
-    The entries are taken in ``order`` (stable sort by group) and laid out feature-major
-    (``values[order].T``): column k's entries of group i are then the contiguous run
-    ``k*E + indptr[i] .. k*E + indptr[i+1]``, i.e. row ``k*n + i`` of a ``[width*n, width*E]``
-    pattern whose row pointers are arithmetic -- no per-entry sort or index shuffle.
+    The entries are taken in ``order`` (a stable sort by group; None when ``idx`` is already
+    sorted, as a graph pattern's destinations are) and laid out feature-major (``values.T``):
+    column k's entries of group i are then the contiguous run ``k*E + indptr[i] .. k*E +
+    indptr[i+1]``, i.e. row ``k*n + i`` of a ``[width*n, width*E]`` pattern whose row pointers
+    are arithmetic -- no per-entry sort or index shuffle.
     """
     e = idx.shape[0]
-    order = np.argsort(idx, kind="stable")
+    order = None if e < 2 or (np.diff(idx) >= 0).all() else np.argsort(idx, kind="stable")
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(_counts(idx, n), out=indptr[1:])
     starts = (indptr[:-1][None, :] + (np.arange(width, dtype=np.int64) * e)[:, None]).ravel()
@@ -255,9 +256,11 @@ def scatter_max(src: Tensor, index: Any, dim_size: int | None = None) -> Tensor:
     """Maximum of the rows of ``src`` per group of ``index`` (empty groups give 0, as PyG).
 
     Gradient: to the maximal entries, split evenly among ties (polygrad's max convention).  The
-    maxima come from one SEGMENT_MAX over the entries laid out feature-major (all columns at
-    once, :func:`_feature_major_groups`); the result is then ``scatter_sum(src * w)`` with the
-    constant tie weights ``w``, which has both the right value and the right gradient.
+    maxima and tie counts come from 1-D segment reductions over the entries laid out
+    feature-major (all columns at once, :func:`_feature_major_groups`); the result is the sum of
+    ``src * w`` per group with the constant tie weights ``w``, which has both the right value and
+    the right gradient.  With ``index`` sorted (message passing) that sum is a segment sum too,
+    whose backward is a gather: no scatter anywhere.
     """
     op = "scatter_max"
     idx = _index(op, index, dim_size)
@@ -268,12 +271,21 @@ def scatter_max(src: Tensor, index: Any, dim_size: int | None = None) -> Tensor:
     if idx.size == 0 or width == 0:
         return index_add(src, (idx,), (n,) + src.shape[1:])
     pattern, order = _feature_major_groups(idx, n, width)
-    flat = src.detach().reshape(idx.shape[0], width)
-    best = segment_max(flat[order].T.reshape(-1), pattern).reshape(width, n).T   # [n, width]
-    hit = (flat == best[idx]).cast(src.dtype)     # 1 at the maxima (ties included), no gradient
-    ties = index_add(hit, (idx,), (n, width))
-    weight = hit / where(ties > 0, ties, 1.0)[idx]
-    return index_add(src * weight.reshape(src.shape), (idx,), (n,) + src.shape[1:])
+
+    def feature_major(t: Tensor) -> Tensor:  # [E, width] -> [width * E], grouped within each column
+        return (t if order is None else t[order]).T.reshape(-1)
+
+    def per_group(v: Tensor) -> Tensor:      # [width * n] -> [n, width]
+        return v.reshape(width, n).T
+
+    flat = src.reshape(idx.shape[0], width)
+    best = per_group(segment_max(feature_major(flat.detach()), pattern))
+    hit = (flat.detach() == best[idx]).cast(src.dtype)          # 1 at the maxima (ties included)
+    ties = per_group(segment_sum(feature_major(hit), pattern))
+    weighted = flat * (hit / where(ties > 0, ties, 1.0)[idx])
+    if order is None:
+        return per_group(segment_sum(feature_major(weighted), pattern)).reshape((n,) + src.shape[1:])
+    return index_add(weighted.reshape(src.shape), (idx,), (n,) + src.shape[1:])
 
 
 def scatter(src: Tensor, index: Any, dim_size: int | None = None, reduce: str = "sum") -> Tensor:
