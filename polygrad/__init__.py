@@ -39,6 +39,9 @@ __version__ = "0.1.0"
 # Sparse API: constructors, layout policy (polygrad.sparse).
 from .sparse import *  # noqa: E402,F401,F403
 from .sparse import __all__ as _sparse_all  # noqa: E402
+# Graph primitives (SDDMM, edge softmax, gather/scatter) and activations: composites of the above.
+from .activations import elu, gelu, leaky_relu, softplus  # noqa: E402
+from .graph_ops import edge_softmax, gather, scatter, sddmm  # noqa: E402
 
 __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
@@ -50,4 +53,5 @@ __all__ = [
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
     "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
     "zeros_like", "save", "load", "materialize", "monitor", "draw_graph", "compile", *_sparse_all,
+    "elu", "gelu", "leaky_relu", "softplus", "edge_softmax", "gather", "scatter", "sddmm",
 ]

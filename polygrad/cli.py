@@ -4,6 +4,8 @@
     polygrad demo moons [--plot FILE.png] [--json] ...
     polygrad demo gcn [--data DIR | --download] [--dataset cora] [--backend NAME] [--epochs N]
                       [--seed S] [--runs N] [--plot FILE.png] [--json] [--workers N | --scheduler ADDR]
+    polygrad demo gat | sage [--sampled]      the same flags as gcn
+    polygrad demo gin [--epochs N] [--seed S] [--runs N] [--json] ...   graph classification
     polygrad bench NAME [--quick] [--json-only] | polygrad bench --list
     polygrad check ...                         the backend conformance kit (polygrad.testing)
 
@@ -98,11 +100,19 @@ def _summary_moons(r: dict[str, Any]) -> str:
             f"backend {r['backend']}")
 
 
+_MODEL_NAMES = {"gcn": "GCN", "gat": "GAT", "sage": "GraphSAGE", "gin": "GIN"}
+
+
 def _summary_gcn(r: dict[str, Any]) -> str:
     acc = f"{r['test_accuracy']:.1%}"
     if r["runs"] > 1:
         acc = f"{acc} ± {r['test_accuracy_std']:.1%} (mean over {r['runs']} seeds)"
-    return (f"GCN on {r['dataset']} ({r['num_nodes']} nodes): test accuracy {acc} after {r['epochs']} epochs, "
+    model = _MODEL_NAMES.get(r["demo"], r["demo"]) + (" (sampled mini-batches)" if r.get("sampled") else "")
+    if r["demo"] == "gin":
+        return (f"GIN on {r['dataset']} ({r['num_test_graphs']} test graphs, chance 50%): test accuracy {acc} "
+                f"after {r['epochs']} epochs, {r['epoch_time_ms']:.2f} ms/epoch (median), peak RSS "
+                f"{r['peak_rss_mb']:.0f} MiB, backend {r['backend']}")
+    return (f"{model} on {r['dataset']} ({r['num_nodes']} nodes): test accuracy {acc} after {r['epochs']} epochs, "
             f"{r['epoch_time_ms']:.2f} ms/epoch (median), peak RSS {r['peak_rss_mb']:.0f} MiB, "
             f"backend {r['backend']}")
 
@@ -155,18 +165,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                  rollback=args.rollback, monitor=args.monitor, graph=args.graph,
                                  compile=args.compile)
         print(_summary_moons(result), flush=True)
+    elif args.demo == "gin":
+        from polygrad import gnn_demos
+        result = gnn_demos.run_gin(backend=args.backend, epochs=args.epochs, seed=args.seed, runs=args.runs,
+                                   plot=args.plot, progress=progress, monitor=args.monitor, graph=args.graph)
+        print(_summary_gcn(result), flush=True)
     else:
         data = args.data
         synthetic = data is None and not args.download
         if synthetic and args.dataset.lower() != "cora":
             print(f"polygrad: note: --dataset {args.dataset} needs --data DIR or --download; running on the "
                   "embedded synthetic graph", file=sys.stderr)
+        if args.demo in ("gat", "sage"):
+            from polygrad import gnn_demos
+            run = gnn_demos.run_gat if args.demo == "gat" else gnn_demos.run_sage
+            extra: dict[str, Any] = {"sampled": args.sampled} if args.demo == "sage" else {}
+        else:
+            run, extra = demos.run_gcn, {"compile": args.compile}
         cluster = _connect_cluster(args)
         try:
-            result = demos.run_gcn(data=data, dataset=args.dataset, backend=args.backend, epochs=args.epochs,
-                                   seed=args.seed, runs=args.runs, plot=args.plot, progress=progress,
-                                   download=args.download, monitor=args.monitor, graph=args.graph,
-                                   compile=args.compile)
+            result = run(data=data, dataset=args.dataset, backend=args.backend, epochs=args.epochs,
+                         seed=args.seed, runs=args.runs, plot=args.plot, progress=progress,
+                         download=args.download, monitor=args.monitor, graph=args.graph, **extra)
         finally:
             if cluster is not None:
                 cluster.close()
@@ -257,6 +277,10 @@ def _add_common_demo_args(p: argparse.ArgumentParser) -> None:
                    help="print the monitor's report each epoch (nnz ratios, grad norm, memory, fallbacks)")
     p.add_argument("--graph", metavar="FILE.gv",
                    help="draw the first step's autodiff graph (.gv/.dot as text; .svg/.png need graphviz)")
+
+
+def _add_compile_arg(p: argparse.ArgumentParser) -> None:
+    """--compile/--no-compile, for the demos whose training step pg.compile replays (moons, gcn)."""
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="replay captured training steps (pg.compile; same numbers, less overhead); "
                         "--no-compile runs every step eagerly")
@@ -291,6 +315,18 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _add_node_demo_args(g: argparse.ArgumentParser) -> None:
+    """The flags of the node-classification demos (gcn, gat, sage)."""
+    g.add_argument("--data", metavar="DIR", help="folder with the Planetoid files (ind.cora.x, ...)")
+    g.add_argument("--dataset", default="cora", help="cora, citeseer or pubmed (default cora)")
+    g.add_argument("--download", action="store_true",
+                   help="without --data: fetch the dataset into polygrad's cache (needs the network)")
+    g.add_argument("--epochs", type=_positive_int, default=200, help="training epochs (default 200)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the (first) run (default 0)")
+    g.add_argument("--runs", type=_positive_int, default=1, help="runs with seeds seed, seed+1, ...; "
+                                                                  "reports the mean test accuracy")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import polygrad
 
@@ -303,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(func=cmd_backends)
 
-    demo = sub.add_parser("demo", help="run a demo (moons, gcn)")
+    demo = sub.add_parser("demo", help="run a demo (moons, gcn, gat, sage, gin)")
     dsub = demo.add_subparsers(dest="demo", metavar="DEMO")
     dsub.required = True
     m = dsub.add_parser("moons", help="micrograd's moons MLP (2-16-16-1, max-margin, SGD, 100 steps)")
@@ -313,24 +349,34 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=1337, help="data and init seed (default 1337)")
     m.add_argument("--rollback", type=float, metavar="THRESH", default=None,
                    help="roll back when the loss rises more than THRESH (e.g. 0.05); off by default")
+    _add_compile_arg(m)
     _add_common_demo_args(m)
     m.set_defaults(func=cmd_demo)
     g = dsub.add_parser("gcn", help="Kipf & Welling's GCN (Cora with --data, else a synthetic graph)")
-    g.add_argument("--data", metavar="DIR", help="folder with the Planetoid files (ind.cora.x, ...)")
-    g.add_argument("--dataset", default="cora", help="cora, citeseer or pubmed (default cora)")
-    g.add_argument("--download", action="store_true",
-                   help="without --data: fetch the dataset into polygrad's cache (needs the network)")
-    g.add_argument("--epochs", type=_positive_int, default=200, help="training epochs (default 200)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the (first) run (default 0)")
-    g.add_argument("--runs", type=_positive_int, default=1, help="runs with seeds seed, seed+1, ...; "
-                                                                  "reports the mean test accuracy")
+    _add_node_demo_args(g)
     where = g.add_mutually_exclusive_group()
     where.add_argument("--workers", type=_positive_int, metavar="N",
                        help="a distributed backend (--backend dask): start a local cluster of N worker processes")
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="a distributed backend (--backend dask): join the cluster at ADDRESS (tcp://HOST:8786)")
+    _add_compile_arg(g)
     _add_common_demo_args(g)
     g.set_defaults(func=cmd_demo)
+    for name, text in (("gat", "GAT, PyG's examples/gat.py recipe (Cora with --data, else a synthetic graph)"),
+                       ("sage", "GraphSAGE, mean aggregation (Cora with --data, else a synthetic graph)")):
+        p = dsub.add_parser(name, help=text)
+        _add_node_demo_args(p)  # the GCN demo's flags, same names and defaults
+        if name == "sage":
+            p.add_argument("--sampled", action="store_true",
+                           help="train on neighbour-sampled mini-batches (fan-outs 25, 10; 256 seeds per batch)")
+        _add_common_demo_args(p)
+        p.set_defaults(func=cmd_demo)
+    n = dsub.add_parser("gin", help="GIN graph classification on generated graph families (batching, pooling)")
+    n.add_argument("--epochs", type=_positive_int, default=50, help="training epochs (default 50)")
+    n.add_argument("--seed", type=int, default=0, help="data and init seed of the (first) run (default 0)")
+    n.add_argument("--runs", type=_positive_int, default=1, help="runs with seeds seed, seed+1, ...")
+    _add_common_demo_args(n)
+    n.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="run a benchmark from the source checkout (benchmarks/)")
     b.add_argument("name", nargs="?", help="benchmark name (see --list)")
