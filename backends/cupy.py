@@ -48,7 +48,7 @@ from polygrad.ops import Op
 
 from .array_kernels import make_kernels
 
-INSTALL_HINT = "pip install polygrad[cuda]"
+INSTALL_HINT = "pip install polygrad-core[cuda]"
 
 #: threads per block of polygrad's CUDA kernels; every kernel uses a grid-stride loop, so any
 #: launch size is correct and this only tunes occupancy

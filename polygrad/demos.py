@@ -29,7 +29,7 @@ from polygrad.train import EpochRecord, History, fit
 
 __all__ = ["run_moons", "run_gcn", "MissingExtraError", "require_matplotlib", "peak_rss_mb", "Progress"]
 
-VIZ_HINT = "pip install 'polygrad[viz]'"
+VIZ_HINT = "pip install 'polygrad-core[viz]'"
 
 
 class MissingExtraError(PolygradError, ImportError):

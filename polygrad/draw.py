@@ -12,7 +12,7 @@ each leaf shows its shape, dtype, backend and whether it requires grad (and ``t.
 Draw before ``backward()`` (or pass ``retain_graph=True`` to it): backward frees the nodes it
 consumed, and a freed node is drawn without its inputs.
 
-graphviz is optional (``pip install polygrad[viz]``); :func:`graph_spec` needs nothing and gives
+graphviz is optional (``pip install polygrad-core[viz]``); :func:`graph_spec` needs nothing and gives
 the same nodes and edges as plain data.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import PolygradError
 
-_INSTALL = "pip install graphviz (or pip install 'polygrad[viz]')"
+_INSTALL = "pip install graphviz (or pip install 'polygrad-core[viz]')"
 
 
 @dataclass
