@@ -43,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
+from polygrad.backend import KDLCUDA, KDLCUDAMANAGED
 from polygrad.errors import BackendUnavailableError, SparseIndexError
 from polygrad.ops import Op
 
@@ -221,6 +222,8 @@ def _describe(exc: BaseException) -> str:
 class CupyBackend(pg.Backend):
     name = "cupy"
     description = "CUDA GPU kernels on cupy arrays (cuSPARSE SpMM, deterministic SDDMM and segment sums)"
+    fallback_chain = ("numpy",)  # a failing GPU kernel is retried on the host before decomposition
+    dlpack_devices = (KDLCUDA, KDLCUDAMANAGED)
 
     def __init__(self, loader: Callable[[], CupyModules] | None = None) -> None:
         """``loader`` returns the modules to run on (default: import cupy); tests pass fakes."""
@@ -336,7 +339,19 @@ class CupyBackend(pg.Backend):
     def dtype(self, array: Any) -> np.dtype:
         return np.dtype(array.dtype)
 
-    def memory_available(self) -> int | None:
+    def from_dlpack(self, obj: Any) -> Any:
+        return self.modules().cupy.from_dlpack(obj)  # zero-copy on the device
+
+    def memory_used(self, device: int = 0) -> int | None:
+        """Bytes held by cupy's default memory pool (never imports cupy to answer)."""
+        if self._mods is None:
+            return None
+        try:
+            return int(self._mods.cupy.get_default_memory_pool().used_bytes())
+        except Exception:  # noqa: BLE001 - no device: nothing to report
+            return None
+
+    def memory_available(self, device: int = 0) -> int | None:
         """Free device memory: the driver's free bytes plus what cupy's pool holds unused."""
         if not self.is_available():
             return None

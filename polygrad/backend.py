@@ -22,6 +22,11 @@ import numpy as np
 
 Kernel = Callable[..., Any]
 
+#: DLPack device types (``DLDeviceType`` in dlpack.h), for :attr:`Backend.dlpack_devices`
+KDLCPU, KDLCUDA, KDLCUDAHOST, KDLROCM, KDLCUDAMANAGED = 1, 2, 3, 10, 13
+#: device types whose memory the host can read directly (numpy imports them zero-copy)
+HOST_DLPACK_DEVICES = (KDLCPU, KDLCUDAHOST)
+
 
 class Backend:
     """Base class for backends.  Subclass, set ``name``, fill ``kernels`` and the array methods."""
@@ -32,6 +37,15 @@ class Backend:
     description: str = ""
     #: install hint shown when the backend is unavailable
     install_hint: str = ""
+    #: the default backend (no ``use_backend``/``set_backend``/``$POLYGRAD_BACKEND``) is the
+    #: registered one with the highest priority, ties broken by name
+    default_priority: int = 0
+    #: backends a failing kernel is rerouted to, in order, before scalar decomposition
+    #: (``pg.config.fallback_chain[name]`` overrides it)
+    fallback_chain: tuple[str, ...] = ()
+    #: DLPack device types (``KDLCPU``, ``KDLCUDA``, ...) whose data :meth:`from_dlpack` imports
+    #: without a copy; ``pg.from_dlpack`` puts data on such a device here by default
+    dlpack_devices: tuple[int, ...] = ()
 
     def __init__(self) -> None:
         self.kernels: dict[tuple[str, str], Kernel] = {}
@@ -65,8 +79,20 @@ class Backend:
     def dtype(self, array: Any) -> np.dtype:
         return np.dtype(array.dtype)
 
-    def memory_available(self) -> int | None:
-        """Bytes this backend can still allocate, or None to use host memory (psutil)."""
+    def from_dlpack(self, obj: Any) -> Any:
+        """A backend array over a DLPack producer's data on one of :attr:`dlpack_devices`
+        (zero-copy).  The default reads host memory through numpy and hands it to
+        :meth:`from_numpy`.  Raise TypeError/BufferError/ValueError when the data cannot be taken."""
+        return self.from_numpy(np.from_dlpack(obj))
+
+    # -- memory -------------------------------------------------------------------------------
+    def memory_used(self, device: int = 0) -> int | None:
+        """Bytes this backend's arrays hold on ``device``; None when they live in host memory
+        (the process's RSS already counts them).  Shown by ``pg.monitor``."""
+        return None
+
+    def memory_available(self, device: int = 0) -> int | None:
+        """Bytes this backend can still allocate on ``device``, or None to use host memory (psutil)."""
         return None
 
     def __repr__(self) -> str:

@@ -8,8 +8,8 @@
 3. the backend's kernel for ``(op, layout)`` runs -- a dict lookup in the table the registry
    built at load time;
 4. its output is checked against the inference; an exception or a contradicting output is a
-   kernel fault, handled by the fallback policy: the backend's fallback chain (e.g. cupy ->
-   numpy), then scalar decomposition over :class:`polygrad.Value`, whose ``backward`` later
+   kernel fault, handled by the fallback policy: the backend's fallback chain (a GPU backend
+   may retry on the host), then scalar decomposition over :class:`polygrad.Value`, whose ``backward`` later
    supplies the gradient so no rule or kernel of the failing backend is trusted;
 5. when grad mode is on and an input requires grad, a Node is recorded.
 """
@@ -223,7 +223,8 @@ def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtyp
     """(output array on the inputs' backend, scalar decomposition or None) after a kernel fault.
 
     ``pg.config.fallback == "raise"`` re-raises ``exc``.  Otherwise the fault is reported, the
-    backends of ``pg.config.fallback_chain[backend]`` are tried in order (a link that is unknown,
+    backends of ``pg.config.fallback_chain[backend]`` (default: the backend's own
+    ``fallback_chain``) are tried in order (a link that is unknown,
     unavailable or fails as well is reported and skipped), and last the op is decomposed into
     scalar :class:`Value` operations (see :func:`scalar_decompose`).
     """
@@ -239,7 +240,7 @@ def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtyp
         except MemoryBudgetError as err:
             raise err from exc
     report_fallback(op, be, layout, exc)
-    for alt_name in config.fallback_chain.get(be.name, ()):
+    for alt_name in config.fallback_chain.get(be.name, be.fallback_chain):
         if alt_name == be.name:
             continue
         try:

@@ -10,10 +10,10 @@
     report = m.to_dict()                        # the same, JSON-serialisable
 
 Per step it records: the ops executed, the nnz ratio (density) of each sparse op, the global
-gradient norm of each backward pass, memory (psutil RSS; GPU memory when cupy is in use), the
-layout decisions of the automatic layout policy and every fallback.  It warns through
-``logging`` (logger ``polygrad.monitor``) on NaN/Inf gradients, an exploding gradient norm and
-memory above the budget.
+gradient norm of each backward pass, memory (psutil RSS; device memory as the backends in use
+report it through ``Backend.memory_used``), the layout decisions of the automatic layout policy
+and every fallback.  It warns through ``logging`` (logger ``polygrad.monitor``) on NaN/Inf
+gradients, an exploding gradient norm and memory above the budget.
 
 Cost: the event hooks are called only while some plugin implements them, and the monitor is
 registered only while it is enabled (inside ``with``, or between ``start()`` and ``stop()``;
@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,15 +47,19 @@ def _rss() -> int | None:
         return None
 
 
-def _gpu_bytes() -> int | None:
-    """Bytes held by cupy's default memory pool, when cupy is imported (never imports it)."""
-    cupy = sys.modules.get("cupy")
-    if cupy is None:
-        return None
-    try:
-        return int(cupy.get_default_memory_pool().used_bytes())
-    except Exception:  # noqa: BLE001 - no device: nothing to report
-        return None
+def _device_bytes(backends: set) -> int | None:
+    """Bytes the given backends hold on their devices (``Backend.memory_used``); None when every
+    one of them keeps its arrays in host memory (the RSS figure already counts those)."""
+    from .registry import registry
+    total = None
+    for name in sorted(backends):
+        try:
+            used = registry.get(name).memory_used()
+        except Exception:  # noqa: BLE001 - a backend that cannot report is left out of the figure
+            used = None
+        if used is not None:
+            total = (total or 0) + int(used)
+    return total
 
 
 def _default_budget() -> int | None:
@@ -203,7 +206,7 @@ class Monitor:
         self.steps: list[StepRecord] = []
         self.enabled = False
         self._history: list[float] = []
-        self._uses_gpu = False
+        self._backends_seen: set[str] = set()
         self._current = StepRecord(0)
         self._t0 = time.perf_counter()
         self._memory_warned = False
@@ -253,8 +256,8 @@ class Monitor:
     def polygrad_op_executed(self, op: str, backend: str, layout: str, inputs: tuple, output: Any) -> None:
         cur = self._current
         cur.ops[(op, backend, layout)] += 1  # a tuple key: formatting waits for the report
-        if backend == "cupy":
-            self._uses_gpu = True
+        if backend not in self._backends_seen:
+            self._backends_seen.add(backend)
         if op in _SPARSE_OPS:
             nnz, rows, cols = _density(op, inputs, output)
             # one entry per op and operand shape: A (n x n) and sparse features (n x F) stay apart
@@ -414,8 +417,8 @@ class Monitor:
             if self.memory_budget is not None and rss > self.memory_budget and not self._memory_warned:
                 self._memory_warned = True
                 self._warn(f"memory above the budget: RSS {rss / _MIB:.1f} MiB > {self.memory_budget / _MIB:.1f} MiB")
-        if self._uses_gpu:
-            cur.gpu_bytes = _gpu_bytes()
+        if self._backends_seen:
+            cur.gpu_bytes = _device_bytes(self._backends_seen)
 
 
 def monitor(**kwargs: Any) -> Monitor:

@@ -33,6 +33,8 @@ def manual_seed(seed: int) -> None:
 
 
 def rng() -> np.random.Generator:
+    """polygrad's random generator (``pg.rng()``): what rand, randn, dropout and the nn initialisers
+    draw from; reseeded by :func:`manual_seed`.  Draw from it so ``manual_seed`` covers your code."""
     return _rng
 
 
@@ -97,6 +99,33 @@ class Tensor:
         if other.shape != self.shape:
             raise ShapeError(f"Tensor.data: cannot set data of shape {other.shape} on a tensor of shape {self.shape}")
         self._data = other._data if other.dtype == self.dtype else other.cast(self.dtype)._data
+
+    @property
+    def array(self) -> Any:
+        """The backend's array behind this tensor (a ``numpy.ndarray`` on the numpy backend).
+
+        polygrad never writes into it; treat it as read-only too (write with :meth:`update_`)."""
+        return self._data
+
+    def update_(self, new: Any) -> "Tensor":
+        """Replace this tensor's values in place, outside autodiff (what an optimizer step does).
+
+        ``new`` is a tensor on this backend, an array of this backend (see :attr:`array`, kept
+        without a copy), or anything numpy can read (copied onto the backend), of this tensor's
+        shape; it is cast to this tensor's dtype.  The tensor keeps its identity,
+        ``requires_grad`` and ``grad``; nothing is recorded in the graph."""
+        if isinstance(new, Tensor):
+            self.data = new
+            return self
+        be = self._be
+        if not be.owns(new):
+            new = be.from_numpy(np.asarray(new, dtype=self.dtype))
+        if be.shape(new) != self.shape:
+            raise ShapeError(f"Tensor.update_: values of shape {be.shape(new)} for a tensor of shape {self.shape}")
+        if be.dtype(new) != self.dtype:
+            new = be.from_numpy(be.to_numpy(new).astype(self.dtype))
+        self._data = new
+        return self
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
         if flag and self.dtype.kind != "f":

@@ -6,7 +6,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import polygrad as pg
-from polygrad.tensor import rng as _rng
 from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
 
@@ -92,7 +91,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     target = x.values if sparse else x
     if target.dtype.kind != "f":
         raise pg.errors.DTypeError(f"dropout needs a floating tensor, got {target.dtype}")
-    keep = _rng().random(target.shape) >= p
+    keep = pg.rng().random(target.shape) >= p
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
     mask = pg.tensor((keep * scale).astype(target.dtype), backend=target.backend)
     if not sparse:

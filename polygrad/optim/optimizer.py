@@ -161,8 +161,8 @@ class Optimizer:
                         raise pg.errors.ShapeError(f"{type(self).__name__}: gradient of shape {grad.shape} "
                                                    f"for a parameter of shape {leaf.shape}")
                     fast = _fast(leaf) and _fast(grad) and grad.backend == leaf.backend
-                    x = leaf._data if fast else leaf
-                    g = grad._data if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
+                    x = leaf.array if fast else leaf
+                    g = grad.array if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
                     state = self.state.setdefault(id(p), {})
                     new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
@@ -245,7 +245,7 @@ class Optimizer:
                         raise CheckpointError(f"{type(self).__name__}.load_state_dict: state {name!r} of "
                                               f"parameter {key} has shape {tuple(arr.shape)}, expected {leaf.shape}")
                     t = pg.tensor(np.array(arr, dtype=leaf.dtype), backend=leaf.backend)
-                    entry[name] = t._data if _fast(leaf) else t
+                    entry[name] = t.array if _fast(leaf) else t
                 else:
                     entry[name] = v
             new_state[id(p)] = entry
@@ -261,16 +261,13 @@ class Optimizer:
 
 def _fast(t: Tensor) -> bool:
     """Whether ``t``'s storage is an array-API array (numpy, cupy) the update can work on directly."""
-    return not _is_sparse(t) and hasattr(t._data, "__array_namespace__")
+    return not _is_sparse(t) and hasattr(t.array, "__array_namespace__")
 
 
 def _write(leaf: Tensor, new: Any, fast: bool) -> None:
-    if not fast:
-        leaf.data = new
-        return
-    if new.dtype != leaf.dtype:
+    if fast and new.dtype != leaf.dtype:
         new = new.astype(leaf.dtype)
-    leaf._data = new
+    leaf.update_(new)
 
 
 def _as_tensor(v: Any, like: Tensor) -> Any:

@@ -693,7 +693,8 @@ def test_out_of_memory_goes_through_fallback_chain_to_numpy(monkeypatch):
     install_as_cupy(monkeypatch, CupyBackend(loader=lambda: fake_modules(cusparse=FakeCusparse(raise_exc=oom))))
     # scalar decomposition is forbidden: only the numpy link of the chain can serve the op
     monkeypatch.setattr(pg.config, "scalar_fallback_max_elements", 0)
-    monkeypatch.setattr(pg.config, "fallback_chain", {"cupy": ["numpy"]})
+    assert CupyBackend.fallback_chain == ("numpy",)  # the backend's own chain: no config needed
+    assert pg.config.fallback_chain.get("cupy") is None
     seen = []
 
     class Listener:
@@ -715,7 +716,7 @@ def test_out_of_memory_goes_through_fallback_chain_to_numpy(monkeypatch):
         assert seen == [("spmm", "cupy", "csr", FakeOutOfMemoryError)]
         assert pg.stats()["fallbacks"] == {"spmm/cupy/csr": 1}
         # without the numpy link (and no scalar decomposition) the op fails loudly, naming the OOM
-        monkeypatch.setattr(pg.config, "fallback_chain", {})
+        monkeypatch.setattr(pg.config, "fallback_chain", {"cupy": []})
         with pytest.raises(BackendError, match="OutOfMemoryError"):
             spmm(pg.tensor(vals, backend="cupy"), pg.tensor(x, backend="cupy"), p)
     finally:
