@@ -37,7 +37,6 @@ _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=Tr
 _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
-_make_tensor: Any = None  # Tensor._make, bound by polygrad.tensor (which imports this module)
 
 # -- statistics (pg.stats()) ------------------------------------------------------------------------
 _stats_lock = threading.Lock()
@@ -161,7 +160,7 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     else:
         if config.validate:
             validate_against_reference(op, inputs, attrs, layout, out)
-    result = _make_tensor(out, be, shape, dtype)
+    result = first._new(out, be, shape, dtype)
     if needs_grad and dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get():
         result.requires_grad = True
         result._node = Node(op, inputs, attrs, layout, be, scalar)

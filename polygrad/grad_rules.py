@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from .dispatch import apply
 from .errors import GraphError
 from .ops import Op
@@ -22,6 +24,12 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 Rule = Callable[..., tuple]
+
+
+def _zero(like) -> "Tensor":
+    """A 0-d zero of ``like``'s dtype on its backend (broadcasts in where)."""
+    be = like._be
+    return like._new(be.from_numpy(np.zeros((), like.dtype)), be, (), like.dtype)
 
 
 def _needs(node) -> tuple[bool, ...]:
@@ -97,10 +105,11 @@ def _maximum(node, out, g):
 
 
 def _where(node, out, g):
-    from .tensor import where
     cond = node.inputs[0]
     _, na, nb = _needs(node)
-    return (None, where(cond, g, 0.0) if na else None, where(cond, 0.0, g) if nb else None)
+    zero = _zero(g)
+    return (None, apply(Op.WHERE, (cond, g, zero)) if na else None,
+            apply(Op.WHERE, (cond, zero, g)) if nb else None)
 
 
 def _keepdims(g, node):
@@ -144,9 +153,8 @@ def _expand(node, out, g):
 
 
 def _getitem(node, out, g):
-    from .tensor import index_add
-    x = node.inputs[0]
-    return (index_add(g, node.attrs["index"], x.shape),)
+    x = node.inputs[0]  # the index was normalised against x.shape when the forward was recorded
+    return (apply(Op.INDEX_ADD, (g,), {"index": node.attrs["index"], "shape": x.shape}),)
 
 
 def _index_add(node, out, g):
@@ -185,33 +193,39 @@ def _matmul(node, out, g):
     return (ga, gb)
 
 
+def _spmm_op(values, x, pattern):
+    return apply(Op.SPMM, (values, x), {"pattern": pattern}, pattern.layout)
+
+
+def _sddmm_op(p, q, pattern):
+    return apply(Op.SDDMM, (p, q), {"pattern": pattern}, pattern.layout)
+
+
 def _spmm(node, out, g):
-    from .tensor import sddmm, spmm
     values, x = node.inputs
     nv, nx = _needs(node)
     pattern = node.attrs["pattern"]
     dvalues = dx = None
     if nv:  # dA only at A's nonzeros: an SDDMM, never an n x m matrix
         if x.ndim == 1:
-            dvalues = sddmm(g.reshape(g.shape[0], 1), x.reshape(x.shape[0], 1), pattern)
+            dvalues = _sddmm_op(g.reshape(g.shape[0], 1), x.reshape(x.shape[0], 1), pattern)
         else:
-            dvalues = sddmm(g, x, pattern)
+            dvalues = _sddmm_op(g, x, pattern)
     if nx:  # dX = A^T dY through the cached transpose
         t_pattern, perm = pattern.transpose()
-        dx = spmm(values[perm], g, t_pattern)
+        dx = _spmm_op(values[perm], g, t_pattern)
     return (dvalues, dx)
 
 
 def _sddmm(node, out, g):
-    from .tensor import spmm
     p, q = node.inputs
     npp, nq = _needs(node)
     pattern = node.attrs["pattern"]
-    dp = spmm(g, q, pattern) if npp else None
+    dp = _spmm_op(g, q, pattern) if npp else None
     dq = None
     if nq:
         t_pattern, perm = pattern.transpose()
-        dq = spmm(g[perm], p, t_pattern)
+        dq = _spmm_op(g[perm], p, t_pattern)
     return (dp, dq)
 
 

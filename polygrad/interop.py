@@ -23,6 +23,7 @@ import numpy as np
 from .backend import HOST_DLPACK_DEVICES, KDLCPU, KDLCUDA, KDLCUDAHOST, KDLCUDAMANAGED, KDLROCM, Backend
 from .errors import BackendUnavailableError, DTypeError
 from .registry import get_backend, registry, resolve
+from .tensor import Tensor, dlpack_source
 
 __all__ = ["KDLCPU", "KDLCUDA", "KDLCUDAHOST", "KDLCUDAMANAGED", "KDLROCM", "dlpack_device",
            "dlpack_source", "from_dlpack"]
@@ -102,8 +103,6 @@ def from_dlpack(obj: Any, backend: Any = None, *, requires_grad: bool = False):
     support (complex, bfloat16 ...), BackendUnavailableError for data on a device no available
     backend takes (naming the backends that would, and why they cannot run).
     """
-    from .tensor import Tensor
-
     obj = _detached(obj)
     kind, _ = dlpack_device(obj)
     be = _home(kind) if backend is None else resolve(backend)
@@ -118,12 +117,3 @@ def from_dlpack(obj: Any, backend: Any = None, *, requires_grad: bool = False):
     if requires_grad:
         t.requires_grad_(True)
     return t
-
-
-def dlpack_source(t) -> Any:
-    """The array a tensor exports through DLPack: its backend array when that speaks DLPack
-    (numpy, cupy: zero-copy), else a host copy (e.g. the scalar backend's lists)."""
-    data = t._data
-    if hasattr(data, "__dlpack__") and hasattr(data, "__dlpack_device__"):
-        return data
-    return t.numpy()

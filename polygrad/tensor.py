@@ -14,11 +14,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import dispatch
+from .autodiff import backward as _backward
 from .dispatch import apply
 from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
 from . import memory
 from .errors import DTypeError, GraphError, IndexOutOfRangeError, MemoryBudgetError, PolygradError, ShapeError
+from .graph import TensorBase
 from .inference import check_dims, normalize_axes
 from .ops import Op
 from .registry import resolve
@@ -38,7 +39,7 @@ def rng() -> np.random.Generator:
     return _rng
 
 
-class Tensor:
+class Tensor(TensorBase):
     """An n-d array on one backend, with an optional gradient.
 
     Create with :func:`polygrad.tensor` (or zeros/ones/randn...).  ``requires_grad=True`` on a
@@ -145,13 +146,11 @@ class Tensor:
 
     def __dlpack__(self, *, stream=None, **kwargs):
         """DLPack export of the backend array (zero-copy for numpy/cupy); see polygrad.interop."""
-        from .interop import dlpack_source
         if stream is not None:
             kwargs["stream"] = stream
         return dlpack_source(self).__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
-        from .interop import dlpack_source
         return dlpack_source(self).__dlpack_device__()
 
     def tolist(self):
@@ -203,8 +202,7 @@ class Tensor:
 
     # -- autodiff -----------------------------------------------------------------------------
     def backward(self, grad: Any = None, retain_graph: bool = False, create_graph: bool = False) -> None:
-        from .autodiff import backward
-        backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
+        _backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
 
     def zero_grad(self) -> None:
         self.grad = None
@@ -304,7 +302,17 @@ class Tensor:
         return f"tensor({body}{extra})"
 
 
-dispatch._make_tensor = _make = Tensor._make
+_make = Tensor._make
+Tensor._new = staticmethod(Tensor._make)  # graph.TensorBase: how the lower layers make tensors
+
+
+def dlpack_source(t: Tensor) -> Any:
+    """The array a tensor exports through DLPack: its backend array when that speaks DLPack
+    (numpy, cupy: zero-copy), else a host copy (e.g. the scalar backend's lists)."""
+    data = t._data
+    if hasattr(data, "__dlpack__") and hasattr(data, "__dlpack_device__"):
+        return data
+    return t.numpy()
 
 
 def _int_arg(what: str, value: Any) -> int:
