@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PolygradError
+from .tensor import Tensor
 
 _INSTALL = "pip install graphviz (or pip install 'polygrad-core[viz]')"
 
@@ -57,7 +58,6 @@ def graph_spec(tensor: Any, max_nodes: int = 1000) -> GraphSpec:
     Follows every input, not only those needing gradients, so constants appear as leaves.
     At most ``max_nodes`` nodes are described (``truncated`` says when the walk stopped early).
     """
-    from .tensor import Tensor
     if not isinstance(tensor, Tensor):
         raise PolygradError(f"draw_graph needs a polygrad Tensor, got {type(tensor).__name__}")
     spec = GraphSpec()

@@ -31,7 +31,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import config
 from .hookspecs import hookimpl
+from .registry import registry
 
 log = logging.getLogger("polygrad.monitor")
 
@@ -50,7 +52,6 @@ def _rss() -> int | None:
 def _device_bytes(backends: set) -> int | None:
     """Bytes the given backends hold on their devices (``Backend.memory_used``); None when every
     one of them keeps its arrays in host memory (the RSS figure already counts those)."""
-    from .registry import registry
     total = None
     for name in sorted(backends):
         try:
@@ -67,7 +68,6 @@ def _default_budget() -> int | None:
     try:
         import psutil
 
-        from .config import config
         return int(config.memory_fraction * psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001
         return None
@@ -214,7 +214,6 @@ class Monitor:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Monitor":
         """Register the hooks (idempotent).  Until then the monitor costs nothing."""
-        from .registry import registry
         if not self.enabled:
             registry.load()
             registry.register_plugin(self, f"polygrad-monitor-{id(self)}")
@@ -224,7 +223,6 @@ class Monitor:
 
     def stop(self) -> "Monitor":
         """Unregister the hooks; the open step (if anything happened in it) is closed."""
-        from .registry import registry
         if self.enabled:
             registry.unregister_plugin(self)
             self.enabled = False
@@ -234,13 +232,11 @@ class Monitor:
 
     def pause(self) -> None:
         """Stop listening without closing the step (dispatch is back to zero overhead)."""
-        from .registry import registry
         if self.enabled:
             registry.unregister_plugin(self)
             self.enabled = False
 
     def resume(self) -> None:
-        from .registry import registry
         if not self.enabled:
             registry.register_plugin(self, f"polygrad-monitor-{id(self)}")
             self.enabled = True
