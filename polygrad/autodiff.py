@@ -18,7 +18,6 @@ from .config import config
 from .dispatch import KernelFault, _grad_enabled, registry, report_fallback, scalar_cost, scalar_decompose
 from .errors import DTypeError, GraphError, PolygradError, ShapeError
 from .graph import TensorBase, toposort
-from .ops import Op
 from .value import Value
 from .value import _run as value_run
 from .value import _toposort as value_toposort

@@ -48,8 +48,9 @@ class Backend:
     dlpack_devices: tuple[int, ...] = ()
 
     def __init__(self) -> None:
-        self.kernels: dict[tuple[str, str], Kernel] = {}
-        self.vjp_kernels: dict[tuple[str, str], Kernel] = {}
+        # keyed by (op, layout); op is a polygrad.ops.Op (a str enum) or its name
+        self.kernels: dict[tuple[Any, str], Kernel] = {}
+        self.vjp_kernels: dict[tuple[Any, str], Kernel] = {}
 
     # -- availability -----------------------------------------------------------------------
     def is_available(self) -> bool:

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = ["main", "build_parser"]

@@ -374,7 +374,7 @@ class Monitor:
         lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
                  "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        fallbacks = Counter()
+        fallbacks: Counter[str] = Counter()
         for r in records:
             fallbacks.update(r.fallbacks)
         if fallbacks:

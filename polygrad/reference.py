@@ -13,7 +13,7 @@ positions; every arithmetic on values happens here in pure Python.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 

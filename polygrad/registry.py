@@ -88,7 +88,8 @@ class Registry:
                 return
             for ep in eps:
                 try:
-                    origin = ep.dist.name if getattr(ep, "dist", None) is not None else "<unknown>"
+                    dist = getattr(ep, "dist", None)
+                    origin = dist.name if dist is not None else "<unknown>"
                 except Exception:  # noqa: BLE001 - unreadable METADATA
                     origin = "<unknown>"
                 try:
@@ -135,7 +136,7 @@ class Registry:
         with self._lock:
             self._default = None
             if self.pm.is_registered(plugin):
-                for bname in self._provided.pop(self.pm.get_name(plugin), ()):
+                for bname in self._provided.pop(self.pm.get_name(plugin) or "", ()):
                     self.entries.pop(bname, None)
                     self.tables.pop(bname, None)
                     self.vjp_tables.pop(bname, None)

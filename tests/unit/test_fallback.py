@@ -24,7 +24,6 @@ from polygrad import dispatch
 from polygrad.errors import BackendError, BackendUnavailableError, PolygradError
 from polygrad.ops import NON_DIFFERENTIABLE, Op
 from polygrad.pattern import Pattern
-from polygrad.registry import registry
 from polygrad.tensor import index_add, sddmm, segment_max, segment_sum, spmm
 from polygrad.testing import inject_fault
 

@@ -38,7 +38,8 @@ def test_backends_package_lives_inside_polygrad():
     import polygrad.backends.numpy as numpy_backend
 
     assert Path(numpy_backend.__file__).parent == PACKAGE / "backends"
-    editable_finders = [p for d in sys.path if os.path.isdir(d) for p in Path(d).glob("__editable__*polygrad*finder*.py")]
+    editable_finders = [p for d in sys.path if os.path.isdir(d)
+                        for p in Path(d).glob("__editable__*polygrad*finder*.py")]
     assert editable_finders == [], "an editable install should be a path entry, not setuptools' finder"
 
 
