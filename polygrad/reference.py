@@ -69,7 +69,7 @@ def _neg(x):
 def _pow(a, b):
     if isinstance(a, Value) or isinstance(b, Value):
         return (a if isinstance(a, Value) else Value(float(a))) ** b
-    return sm.pow(a, b)
+    return float(sm.pow(a, b))
 
 
 def _maximum(a, b):

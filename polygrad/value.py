@@ -69,16 +69,14 @@ import math
 from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 
+from polygrad import scalar_math as sm
 from polygrad.errors import DTypeError, ShapeError
 
 __all__ = ["Value", "backward_many"]
 
-_INF = math.inf
 _NAN = math.nan
-_exp = math.exp
 _log = math.log
 _tanh = math.tanh
-_copysign = math.copysign
 
 # ---------------------------------------------------------------------------------------------
 # Op codes.  Ranges matter: 0 leaf, 1..19 unary (parent in _a), 20..39 binary (_a, _b),
@@ -119,63 +117,9 @@ _OPNAMES = {
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# IEEE-754 fallbacks for the (rare) cases where Python arithmetic raises or goes complex.
-# ---------------------------------------------------------------------------------------------
-def _is_odd_integer(c: Any) -> bool:
-    try:
-        f = float(c)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return math.isfinite(f) and f.is_integer() and int(f) % 2 == 1
-
-
-def _pow_special(x: Any, c: Any) -> float:
-    """IEEE pow for the cases where ``x ** c`` raised (0 ** negative, overflow)."""
-    negative = _copysign(1.0, x) < 0.0
-    return -_INF if (negative and _is_odd_integer(c)) else _INF
-
-
-def _pow(x: Any, c: Any) -> Any:
-    """``x ** c`` with IEEE results instead of exceptions or complex numbers."""
-    try:
-        r = x ** c
-    except (ZeroDivisionError, OverflowError):
-        return _pow_special(x, c)
-    if r.__class__ is complex:
-        return _NAN
-    return r
-
-
-def _div(a: Any, b: Any) -> Any:
-    """``a / b`` with IEEE results on division by zero."""
-    try:
-        return a / b
-    except ZeroDivisionError:
-        if a != a or a == 0:
-            return _NAN
-        return _copysign(_INF, a) * _copysign(1.0, b)
-
-
-def _exp_ieee(x: Any) -> float:
-    try:
-        return _exp(x)
-    except OverflowError:
-        return _INF
-
-
-def _log_ieee(x: Any) -> float:
-    try:
-        return _log(x)
-    except ValueError:
-        return -_INF if x == 0 else _NAN
-
-
-def _sigmoid(x: Any) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + _exp(-x))
-    e = _exp_ieee(x)          # x < 0 or NaN: exp cannot overflow (NaN stays NaN)
-    return e / (1.0 + e)
+# IEEE-754 results where Python arithmetic raises or goes complex: one definition, in scalar_math.
+_pow, _pow_special, _div = sm.pow, sm.pow_special, sm.div
+_exp_ieee, _log_ieee, _sigmoid = sm.exp, sm.log, sm.sigmoid
 
 
 def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
