@@ -45,6 +45,7 @@ import numpy as np
 import polygrad as pg
 from polygrad.backend import KDLCUDA, KDLCUDAMANAGED
 from polygrad.errors import BackendUnavailableError, SparseIndexError
+from polygrad.errors import describe_exception as _describe
 from polygrad.ops import Op
 
 from .array_kernels import make_kernels
@@ -210,11 +211,6 @@ def _load_cusparse(mods: CupyModules) -> None:
     except Exception as exc:  # noqa: BLE001 - any failure means "use our own kernel"
         mods.sparse = mods.cusparse = None
         mods.cusparse_error = f"{type(exc).__name__}: {exc}"
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 # --- the backend --------------------------------------------------------------------------------

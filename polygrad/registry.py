@@ -23,6 +23,7 @@ import pluggy
 from . import hookspecs
 from .backend import Backend, KernelOverride
 from .errors import BackendUnavailableError
+from .errors import describe_exception as _describe
 from .ops import Op
 
 ENTRY_POINT_GROUP = "polygrad"
@@ -51,10 +52,6 @@ class _Entry:
     error: str = ""
     available: bool | None = None     # None: not checked yet (checked lazily)
     reason: str = ""
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Registry:

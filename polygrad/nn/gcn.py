@@ -21,11 +21,10 @@ from . import init as _init
 from .layers import dropout
 from .module import Module
 
-__all__ = ["GCNConv", "GCN", "csr_to_tensor", "is_sparse"]
+__all__ = ["GCNConv", "GCN", "csr_to_tensor"]
 
 
-def is_sparse(x: Any) -> bool:
-    return getattr(x, "layout", "dense") != "dense"
+is_sparse = pg.is_sparse
 
 
 def _require(name: str) -> Callable[..., Any]:

@@ -31,8 +31,7 @@ ParamGroup = dict[str, Any]
 Schedule = Callable[[int], float]
 
 
-def _is_sparse(t: Any) -> bool:
-    return getattr(t, "layout", "dense") != "dense"
+_is_sparse = pg.is_sparse
 
 
 def _leaf_of(p: Tensor) -> Tensor:
