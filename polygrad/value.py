@@ -98,6 +98,7 @@ SIGMOID = 11
 RECIP = 12    # 1 / x
 MAXC = 13     # maximum(x, c)    _arg = c
 RPOWC = 14    # c ** x           _arg = c
+UNARY_FN = 15  # a unary op added with unary()   _arg = (name, derivative)
 ADD = 20
 MUL = 21
 SUB = 22
@@ -169,6 +170,8 @@ class Value:
             return self._arg[0]
         if c == POWC:
             return f"**{self._arg}"
+        if c == UNARY_FN:
+            return self._arg[0]
         return _OPNAMES[c]
 
     @property
@@ -619,10 +622,39 @@ def _run(order: Sequence[Value]) -> None:
                 a.grad += 0.5 * g
         elif c == 14:  # RPOWC: c ** x
             v._a.grad += _dy_of_pow(v._arg, v.data, v._a.data) * g
+        elif c == 15:  # UNARY_FN: a unary op added with unary()
+            v._a.grad += v._arg[1](v._a.data, v.data) * g
         elif c == 41:  # CUSTOM
             fn = v._arg[2]
             if fn is not None:
                 fn()
+
+
+def unary(name: str, forward: Callable[[Any], Any], derivative: Callable[[Any, Any], Any]) -> None:
+    """Give ``Value`` a new unary op in one place: ``x.<name>()`` is ``forward(x.data)``, and its
+    backward adds ``derivative(x.data, out.data) * grad`` to ``x.grad``.
+
+    This is how a new primitive op gets its scalar meaning (the reference, the scalar backend and
+    the fallback then use it by name).  The ops above are spelled out by hand only because they
+    are micrograd's hot path; a new op costs one dictionary-free branch in :func:`_run`.
+    """
+    if hasattr(Value, name):
+        raise ValueError(f"Value already has an attribute {name!r}")
+    arg = (name, derivative)
+
+    def op(self: Value) -> Value:
+        out = _new(Value)
+        out.data = forward(self.data)
+        out.grad = 0
+        out._mark = None
+        out._a = self
+        out._code = 15  # UNARY_FN
+        out._arg = arg
+        return out
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``{name}(x)`` (added with polygrad.value.unary)."
+    setattr(Value, name, op)
 
 
 def backward_many(outputs: Iterable[Value], grads: Iterable[Any]) -> None:

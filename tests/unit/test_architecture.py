@@ -138,3 +138,102 @@ def test_no_function_local_import_dodges_a_cycle():
     extra = [f"polygrad/{mod}.py:{line} imports .{target} inside a function"
              for mod, line, target in local if (mod, target) not in LOCAL_IMPORTS_ALLOWED]
     assert extra == [], "\n".join(extra)
+
+
+# -- adding a primitive op: every place it must be defined ----------------------------------------
+
+# The places, in the order a contributor fills them (six files; a floating unary op needs no
+# entry in inference.py or reference.py: both derive it from the op's group and its name).
+OP_PLACES = """\
+polygrad/ops.py           the Op member, and its group (UNARY, FLOAT_UNARY, BINARY, ...)
+polygrad/grad_rules.py    its VJP rule in RULES (or the op is in ops.NON_DIFFERENTIABLE)
+polygrad/value.py         a floating unary op: its Value method, added with value.unary(...)
+                          (scalar_math.<name> when plain floats need IEEE results)
+backends/array_kernels.py its kernel in make_kernels (every numpy/cupy kernel, once)
+polygrad/tensor.py        the user-facing method or function of that name
+polygrad/testing/cases.py its cases in the catalogue (the conformance kit runs them)
+"""
+
+
+def missing_places(op) -> list[str]:
+    """Where primitive ``op`` (an Op, or the name of one being added) is not defined yet."""
+    import importlib
+    import inspect
+
+    import numpy as np
+
+    from polygrad import grad_rules, inference, reference, scalar_math
+    from polygrad.backends.array_kernels import make_kernels
+    from polygrad.ops import FLOAT_UNARY, NON_DIFFERENTIABLE, SPARSE, Op
+    from polygrad.testing.cases import covered
+    from polygrad.value import Value
+
+    tensor = importlib.import_module("polygrad.tensor")  # the module (pg.tensor is the function)
+    name = str(op)
+    known = name in {o.value for o in Op}
+    missing = []
+    if not known:
+        return ["polygrad/ops.py: no Op member named " + repr(name)]
+    op = Op(name)
+    if op not in inference._RULES:
+        missing.append("polygrad/inference.py: no shape/dtype rule in _RULES")
+    if op not in grad_rules.RULES and op not in NON_DIFFERENTIABLE:
+        missing.append("polygrad/grad_rules.py: no VJP rule in RULES (and not in ops.NON_DIFFERENTIABLE)")
+    if (op not in reference._UNARY and op not in reference._BINARY
+            and f"Op.{op.name}" not in inspect.getsource(reference.run)):
+        missing.append("polygrad/reference.py: no scalar reference in run()")
+    if op in FLOAT_UNARY and not (hasattr(Value, name) and hasattr(scalar_math, name)):
+        missing.append(f"polygrad/value.py / scalar_math.py: no Value.{name} (value.unary) or scalar_math.{name}")
+    layouts = ("csr", "coo") if op in SPARSE else ("dense",)
+    kernels = make_kernels(np)
+    for layout in layouts:
+        if (op, layout) not in kernels:
+            missing.append(f"backends/array_kernels.py: no kernel for ({name}, {layout}) in make_kernels")
+    api = (hasattr(tensor.Tensor, name) or hasattr(tensor.Tensor, f"__{name}__") or hasattr(tensor, name))
+    if not api:
+        missing.append(f"polygrad/tensor.py: no Tensor.{name} method or {name}() function")
+    for layout in layouts:
+        if (op, layout) not in covered():
+            missing.append(f"polygrad/testing/cases.py: no case for ({name}, {layout})")
+    return missing
+
+
+def test_every_primitive_op_is_defined_in_every_place():
+    from polygrad.ops import Op
+
+    gaps = {op.value: missing_places(op) for op in Op}
+    gaps = {k: v for k, v in gaps.items() if v}
+    assert gaps == {}, "a primitive op is missing some of its places:\n" + OP_PLACES + "\n" + "\n".join(
+        f"{op}: {place}" for op, places in gaps.items() for place in places)
+
+
+def test_the_op_checker_names_each_missing_place(monkeypatch):
+    from polygrad import grad_rules, inference, reference, scalar_math
+    from polygrad.ops import Op
+
+    assert missing_places("sin") == ["polygrad/ops.py: no Op member named 'sin'"]
+    monkeypatch.delitem(grad_rules.RULES, Op.TANH)
+    monkeypatch.delitem(inference._RULES, Op.TANH)
+    monkeypatch.delitem(reference._UNARY, Op.TANH)
+    monkeypatch.delattr(scalar_math, "tanh")
+    places = missing_places(Op.TANH)
+    for file in ("grad_rules.py", "inference.py", "reference.py", "scalar_math.py"):
+        assert any(file in p for p in places), (file, places)
+
+
+def test_a_new_floating_unary_op_needs_one_place_in_value_py():
+    """value.unary adds the method and its backward together: the scalar meaning in one place."""
+    import math
+
+    from polygrad.value import Value, unary
+
+    name = "_architecture_test_sin"
+    unary(name, math.sin, lambda x, y: math.cos(x))
+    try:
+        x = Value(0.3)
+        y = getattr(x, name)() * 2.0
+        y.backward()
+        assert y.data == 2 * math.sin(0.3) and x.grad == 2 * math.cos(0.3)
+        assert getattr(x, name)()._op == name
+    finally:
+        delattr(Value, name)
