@@ -30,7 +30,7 @@ from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from .graph import Node
 from .inference import _RULES as _infer_rules
-from .ops import NON_DIFFERENTIABLE, SPARSE, Op
+from .ops import NON_DIFFERENTIABLE, Op
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
@@ -326,7 +326,3 @@ def validate_against_reference(op: Op, inputs: tuple, attrs: dict, layout: str, 
         err = np.max(np.abs(got - want)) if got.shape == want.shape else float("nan")
         raise BackendError(f"POLYGRAD_VALIDATE: op '{op}' on backend {be.name!r} ({layout}) disagrees with "
                            f"the scalar reference (max abs error {err:.3g})")
-
-
-def is_sparse_op(op: Op) -> bool:
-    return op in SPARSE
