@@ -237,3 +237,16 @@ def test_a_new_floating_unary_op_needs_one_place_in_value_py():
         assert getattr(x, name)()._op == name
     finally:
         delattr(Value, name)
+
+
+def test_gradient_rules_call_apply_not_the_tensor_api():
+    """grad_rules sits below tensor.py: no Tensor method calls (its helpers wrap apply)."""
+    import importlib
+
+    tensor_api = {name for name in dir(importlib.import_module("polygrad.tensor").Tensor)
+                  if not name.startswith("_") and name not in ("shape", "dtype", "ndim", "requires_grad")}
+    tree = ast.parse((CORE / "grad_rules.py").read_text())
+    calls = sorted({f"{node.lineno}: .{node.func.attr}()" for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in tensor_api and node.func.attr != "transpose"})
+    assert calls == [], calls
