@@ -2,4 +2,13 @@
 
 They register through the entry-point group ``polygrad`` exactly like a third-party backend, and
 import only polygrad's public contract (Backend, hookimpl, Op, errors).
+
+This folder is the package ``polygrad.backends`` (through the symlink ``polygrad/backends``).
+Importing it under a second name, ``backends`` from the repository root, would load every backend
+module twice (two ``NumpyBackend`` classes, two kernel tables): that is refused here by name.
 """
+if __name__ != "polygrad.backends":
+    raise ImportError(
+        f"polygrad's backends folder was imported as {__name__!r}; it is the package "
+        "'polygrad.backends' (import polygrad.backends.numpy, not backends.numpy), so that each "
+        "backend module is loaded once")

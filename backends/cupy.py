@@ -43,12 +43,14 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
+from polygrad.backend import KDLCUDA, KDLCUDAMANAGED
 from polygrad.errors import BackendUnavailableError, SparseIndexError
+from polygrad.errors import describe_exception as _describe
 from polygrad.ops import Op
 
 from .array_kernels import make_kernels
 
-INSTALL_HINT = "pip install polygrad[cuda]"
+INSTALL_HINT = "pip install polygrad-core[cuda]"
 
 #: threads per block of polygrad's CUDA kernels; every kernel uses a grid-stride loop, so any
 #: launch size is correct and this only tunes occupancy
@@ -211,16 +213,13 @@ def _load_cusparse(mods: CupyModules) -> None:
         mods.cusparse_error = f"{type(exc).__name__}: {exc}"
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 # --- the backend --------------------------------------------------------------------------------
 
 class CupyBackend(pg.Backend):
     name = "cupy"
     description = "CUDA GPU kernels on cupy arrays (cuSPARSE SpMM, deterministic SDDMM and segment sums)"
+    fallback_chain = ("numpy",)  # a failing GPU kernel is retried on the host before decomposition
+    dlpack_devices = (KDLCUDA, KDLCUDAMANAGED)
 
     def __init__(self, loader: Callable[[], CupyModules] | None = None) -> None:
         """``loader`` returns the modules to run on (default: import cupy); tests pass fakes."""
@@ -336,7 +335,19 @@ class CupyBackend(pg.Backend):
     def dtype(self, array: Any) -> np.dtype:
         return np.dtype(array.dtype)
 
-    def memory_available(self) -> int | None:
+    def from_dlpack(self, obj: Any) -> Any:
+        return self.modules().cupy.from_dlpack(obj)  # zero-copy on the device
+
+    def memory_used(self, device: int = 0) -> int | None:
+        """Bytes held by cupy's default memory pool (never imports cupy to answer)."""
+        if self._mods is None:
+            return None
+        try:
+            return int(self._mods.cupy.get_default_memory_pool().used_bytes())
+        except Exception:  # noqa: BLE001 - no device: nothing to report
+            return None
+
+    def memory_available(self, device: int = 0) -> int | None:
         """Free device memory: the driver's free bytes plus what cupy's pool holds unused."""
         if not self.is_available():
             return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import polygrad as pg
+from polygrad.backend import HOST_DLPACK_DEVICES
 
 from .array_kernels import make_kernels
 
@@ -11,6 +12,8 @@ from .array_kernels import make_kernels
 class NumpyBackend(pg.Backend):
     name = "numpy"
     description = "vectorised CPU kernels on numpy arrays"
+    default_priority = 10  # the default backend unless the user picks another
+    dlpack_devices = HOST_DLPACK_DEVICES
 
     def __init__(self) -> None:
         super().__init__()

@@ -37,7 +37,7 @@ Rules for benchmark modules:
 
 * Import optional baselines (micrograd, torch, scipy, torch_geometric ...) *inside* ``run`` via
   :func:`optional_import`, never at module top level: ``--list`` imports every module, and a
-  missing baseline must become a ``skipped: <package> not installed (pip install polygrad[bench])``
+  missing baseline must become a ``skipped: <package> not installed (pip install polygrad-core[bench])``
   row (:func:`skipped_row`), never a crash.
 * ``python -m benchmarks NAME`` first imports ``NAME_bench.py`` only (lazy discovery); it falls
   back to importing every ``*_bench.py`` when the name is registered from a differently named
@@ -80,7 +80,7 @@ __all__ = [
     "MemoryGrowth", "optional_import", "skipped_row", "format_table", "machine_info", "main",
 ]
 
-BENCH_EXTRA = "pip install polygrad[bench]"
+BENCH_EXTRA = "pip install polygrad-core[bench]"
 
 
 @dataclass

@@ -256,7 +256,8 @@ def run(quick: bool) -> dict:
         missing = "torch" if torch is None else "torch_geometric"
         rows.append(skipped_row(missing, section="epoch",
                                 reason=f"skipped: PyG baseline needs torch and torch_geometric; {missing} is not "
-                                       "installed (pip install polygrad[bench]); polygrad's figures above stand alone"))
+                                       "installed (pip install polygrad-core[bench]); "
+                                       "polygrad's figures above stand alone"))
         summary["ratio_polygrad_over_pyg"] = None
     summary["polygrad_ms_per_epoch"] = med["polygrad"]
     summary["polygrad_dense_x_ms_per_epoch"] = med["polygrad_dense_x"]

@@ -269,7 +269,7 @@ def _pyg_gcn(data, epochs: int, sync: _Sync) -> tuple[float, float] | str:
     torch = optional_import("torch")
     pyg_nn = optional_import("torch_geometric.nn")
     if torch is None or pyg_nn is None:
-        return "skipped: torch_geometric not installed (pip install polygrad[bench])"
+        return "skipped: torch_geometric not installed (pip install polygrad-core[bench])"
     if not torch.cuda.is_available():
         return "skipped: torch has no CUDA device"
     dev = torch.device("cuda")

@@ -306,7 +306,7 @@ def run(quick: bool) -> dict:
         })
     else:
         summary.update({"ratio_as_shipped": None, "ratio_gc_off": None,
-                        "skipped": "micrograd not installed (pip install polygrad[bench])"})
+                        "skipped": "micrograd not installed (pip install polygrad-core[bench])"})
 
     for section in EXTRA_SECTIONS:
         extra = section(quick)

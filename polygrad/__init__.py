@@ -19,11 +19,14 @@ from .errors import FallbackWarning
 from .hookspecs import hookimpl
 from .interop import from_dlpack
 from .ops import Op, list_ops
-from .registry import get_backend, list_backends, register_plugin, set_backend, unregister_plugin, use_backend
+from .registry import (
+    get_backend, get_kernel, kernel_table, list_backends, register_plugin, set_backend, unregister_plugin,
+    use_backend,
+)
 from .tensor import (
     Tensor, abs, arange, argmax, argmin, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
     log_softmax, logsumexp, manual_seed, matmul, max, maximum, mean, min, minimum, mse, mul, ones,
-    ones_like, permute, pow, rand, randn, reshape, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
+    ones_like, permute, pow, rand, randn, reshape, rng, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
     transpose, unsqueeze, where, zeros, zeros_like, add,
 )
 from .tensor import from_numpy
@@ -42,6 +45,7 @@ from .sparse import __all__ as _sparse_all  # noqa: E402
 # Graph primitives (SDDMM, edge softmax, gather/scatter) and activations: composites of the above.
 from .activations import elu, gelu, leaky_relu, softplus  # noqa: E402
 from .graph_ops import edge_softmax, gather, scatter, sddmm  # noqa: E402
+from .sparse import maybe_sparsify_for_matmul  # noqa: E402  (the layout policy, for nn layers)
 
 __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
@@ -52,6 +56,7 @@ __all__ = [
     "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
     "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
-    "zeros_like", "save", "load", "materialize", "monitor", "draw_graph", "compile", *_sparse_all,
+    "zeros_like", "save", "load", "materialize", "monitor", "draw_graph", "compile", "get_kernel", "kernel_table",
+    "rng", "maybe_sparsify_for_matmul", *_sparse_all,
     "elu", "gelu", "leaky_relu", "softplus", "edge_softmax", "gather", "scatter", "sddmm",
 ]

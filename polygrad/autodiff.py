@@ -12,11 +12,13 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+import numpy as np
+
 from . import grad_rules
-from .dispatch import _grad_enabled, _recording, registry
-from .errors import DTypeError, GraphError, ShapeError
-from .graph import toposort
-from .ops import Op
+from .config import config
+from .dispatch import KernelFault, _grad_enabled, _recording, registry, report_fallback, scalar_cost, scalar_decompose
+from .errors import DTypeError, GraphError, PolygradError, ShapeError
+from .graph import TensorBase, toposort
 from .value import Value
 from .value import _run as value_run
 from .value import _toposort as value_toposort
@@ -79,10 +81,6 @@ def _scalar_vjp(node, out: "Tensor", g: "Tensor") -> tuple:
 
 def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -> tuple:
     """Input gradients from a scalar decomposition (leaves per input, output elements) seeded by g."""
-    import numpy as np
-
-    from .tensor import tensor_from_numpy
-
     seeds = g._be.to_numpy(g._data).ravel().tolist()
     pairs = [(o, s) for o, s in zip(outs, seeds) if isinstance(o, Value)]
     # Value.backward semantics (micrograd: grads accumulate), on a decomposition reset first
@@ -102,7 +100,7 @@ def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -
             grads.append(None)
             continue
         arr = np.asarray([v.grad for v in items], dtype=inp.dtype).reshape(inp.shape)
-        grads.append(tensor_from_numpy(arr, inp._be))
+        grads.append(inp._new(inp._be.from_numpy(arr), inp._be, arr.shape, arr.dtype))
     return tuple(grads)
 
 
@@ -120,9 +118,6 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
     built from primitives whose kernels are each checked and fall back on their own), and a
     training run should not die on the cost of the slower one.
     """
-    from .dispatch import KernelFault, report_fallback
-    from .errors import PolygradError
-    from .tensor import Tensor
     be = node.backend
     needs = tuple(t.requires_grad for t in node.inputs)
     try:
@@ -141,7 +136,7 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
             if be.shape(arr) != t.shape:
                 raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned shape "
                                   f"{be.shape(arr)} for an input of shape {t.shape}")
-            grads.append(Tensor._make(arr, be, t.shape, be.dtype(arr)))
+            grads.append(g._new(arr, be, t.shape, be.dtype(arr)))
         rec = _recording.get()
         if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
             rec.fused(be, (node.op, node.layout), (g, *node.inputs), {"needs": needs, **node.attrs}, grads)
@@ -157,9 +152,6 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
 
 def _fused_fallback(node, out: "Tensor", g: "Tensor", exc: Exception, report) -> tuple | None:
     """Gradients by scalar decomposition after a fused backward kernel failed (None: use the rule)."""
-    from .config import config
-    from .dispatch import scalar_cost, scalar_decompose
-
     if config.fallback == "raise":
         raise exc
     report(node.op, node.backend, node.layout, exc)
@@ -173,14 +165,12 @@ def _fused_fallback(node, out: "Tensor", g: "Tensor", exc: Exception, report) ->
 
 def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: bool, create_graph: bool,
          capture: dict[int, "Tensor | None"] | None) -> None:
-    from .tensor import Tensor
-
     order = toposort(list(roots))
     vjp_tables = registry.vjp_tables
     # pg.grad: run only the part of the graph between the roots and the requested inputs, so the
     # rest is neither computed nor freed (a later backward through it must still work)
     wanted = None if capture is None else _depends_on(order, capture)
-    grads: dict[int, Tensor] = {}
+    grads: dict[int, "Tensor"] = {}
     for r, s in zip(roots, seeds):
         grads[id(r)] = grads[id(r)] + s if id(r) in grads else s
     produced = []
@@ -276,14 +266,19 @@ def _deliver(leaf: "Tensor", g: "Tensor", capture, produced: list) -> None:
 
 
 def _seed(root: "Tensor", grad) -> "Tensor":
-    from .tensor import Tensor, ones_like, tensor
+    be = root._be
     if grad is None:
         if root.numel != 1:
             raise GraphError(f"backward() without a gradient needs a single-element output, got shape "
                              f"{root.shape}; pass grad= (a tensor of that shape)")
-        return ones_like(root)
-    if not isinstance(grad, Tensor):
-        grad = tensor(grad, dtype=root.dtype, backend=root._be)
+        return root._new(be.from_numpy(np.ones(root.shape, root.dtype)), be, root.shape, root.dtype)
+    if not isinstance(grad, TensorBase):
+        try:
+            host = np.asarray(be.to_numpy(grad) if be.owns(grad) else grad, dtype=root.dtype)
+        except (TypeError, ValueError) as exc:
+            raise DTypeError(f"backward(): cannot use a {type(grad).__name__} as the gradient of a "
+                             f"{root.dtype} output: {exc}") from None
+        grad = root._new(be.from_numpy(host), be, host.shape, host.dtype)
     if grad.shape != root.shape:
         raise ShapeError(f"backward(): grad of shape {grad.shape} does not match the output's {root.shape}")
     return grad
@@ -303,16 +298,15 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
 
     With ``create_graph=True`` the returned gradients are differentiable themselves
     (gradients of gradients)."""
-    from .tensor import Tensor
-    single_out = isinstance(outputs, Tensor)
+    single_out = isinstance(outputs, TensorBase)
     outs = [outputs] if single_out else list(outputs)
-    ins = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    ins = [inputs] if isinstance(inputs, TensorBase) else list(inputs)
     if grad_outputs is None:
         grad_outputs = [None] * len(outs)
-    elif isinstance(grad_outputs, Tensor):
+    elif isinstance(grad_outputs, TensorBase):
         grad_outputs = [grad_outputs]
     for x in (*outs, *ins):
-        if not isinstance(x, Tensor):
+        if not isinstance(x, TensorBase):
             raise DTypeError(f"pg.grad(): outputs and inputs must be polygrad tensors, got {type(x).__name__}")
     for o in outs:
         if not o.requires_grad:
@@ -320,7 +314,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
     for i in ins:
         if not i.requires_grad:
             raise GraphError(f"pg.grad(): input of shape {i.shape} does not require grad")
-    capture: dict[int, Tensor | None] = {id(i): None for i in ins}
+    capture: dict[int, "Tensor | None"] = {id(i): None for i in ins}
     if retain_graph is None:
         retain_graph = create_graph
     _run(outs, [_seed(o, g) for o, g in zip(outs, grad_outputs)], retain_graph, create_graph, capture)

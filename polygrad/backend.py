@@ -24,6 +24,11 @@ from .errors import BackendError
 
 Kernel = Callable[..., Any]
 
+#: DLPack device types (``DLDeviceType`` in dlpack.h), for :attr:`Backend.dlpack_devices`
+KDLCPU, KDLCUDA, KDLCUDAHOST, KDLROCM, KDLCUDAMANAGED = 1, 2, 3, 10, 13
+#: device types whose memory the host can read directly (numpy imports them zero-copy)
+HOST_DLPACK_DEVICES = (KDLCPU, KDLCUDAHOST)
+
 
 class Backend:
     """Base class for backends.  Subclass, set ``name``, fill ``kernels`` and the array methods."""
@@ -37,10 +42,20 @@ class Backend:
     #: whether ``pg.compile`` may replay this backend's kernels: they must be pure functions of
     #: their inputs and attrs (docs/writing-a-backend.md, "Replay"); False keeps steps eager
     supports_replay: bool = True
+    #: the default backend (no ``use_backend``/``set_backend``/``$POLYGRAD_BACKEND``) is the
+    #: registered one with the highest priority, ties broken by name
+    default_priority: int = 0
+    #: backends a failing kernel is rerouted to, in order, before scalar decomposition
+    #: (``pg.config.fallback_chain[name]`` overrides it)
+    fallback_chain: tuple[str, ...] = ()
+    #: DLPack device types (``KDLCPU``, ``KDLCUDA``, ...) whose data :meth:`from_dlpack` imports
+    #: without a copy; ``pg.from_dlpack`` puts data on such a device here by default
+    dlpack_devices: tuple[int, ...] = ()
 
     def __init__(self) -> None:
-        self.kernels: dict[tuple[str, str], Kernel] = {}
-        self.vjp_kernels: dict[tuple[str, str], Kernel] = {}
+        # keyed by (op, layout); op is a polygrad.ops.Op (a str enum) or its name
+        self.kernels: dict[tuple[Any, str], Kernel] = {}
+        self.vjp_kernels: dict[tuple[Any, str], Kernel] = {}
 
     # -- availability -----------------------------------------------------------------------
     def is_available(self) -> bool:
@@ -70,8 +85,20 @@ class Backend:
     def dtype(self, array: Any) -> np.dtype:
         return np.dtype(array.dtype)
 
-    def memory_available(self) -> int | None:
-        """Bytes this backend can still allocate, or None to use host memory (psutil)."""
+    def from_dlpack(self, obj: Any) -> Any:
+        """A backend array over a DLPack producer's data on one of :attr:`dlpack_devices`
+        (zero-copy).  The default reads host memory through numpy and hands it to
+        :meth:`from_numpy`.  Raise TypeError/BufferError/ValueError when the data cannot be taken."""
+        return self.from_numpy(np.from_dlpack(obj))
+
+    # -- memory -------------------------------------------------------------------------------
+    def memory_used(self, device: int = 0) -> int | None:
+        """Bytes this backend's arrays hold on ``device``; None when they live in host memory
+        (the process's RSS already counts them).  Shown by ``pg.monitor``."""
+        return None
+
+    def memory_available(self, device: int = 0) -> int | None:
+        """Bytes this backend can still allocate on ``device``, or None to use host memory (psutil)."""
         return None
 
     # -- lazy and remote backends -------------------------------------------------------------

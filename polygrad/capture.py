@@ -538,7 +538,7 @@ def _generate(cap: _Capture) -> Callable[[list], Any] | None:
 def _result_slots(spec: tuple) -> set[int]:
     kind, payload = spec[0], spec[1]
     if kind == "tensor":
-        value, slots = payload, set()
+        value = payload
         while value[0] == 3:
             value = value[2]
         return {value[1]} if value[0] == 1 else set()

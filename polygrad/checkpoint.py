@@ -41,7 +41,9 @@ from typing import Any
 import numpy as np
 
 from . import memory
+from . import sparse as sparse_mod
 from .errors import CheckpointError, MemoryBudgetError, PolygradError
+from .tensor import Tensor, tensor
 
 try:  # POSIX: a live writer's temporary is told from a dead one's by its lock
     import fcntl
@@ -57,7 +59,6 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
 def _is_tensor(obj: Any) -> bool:
-    from .tensor import Tensor
     return isinstance(obj, Tensor)
 
 
@@ -279,8 +280,6 @@ class _Reader:
             raise CheckpointError(f"pg.load: {what} is refused: {exc}") from None
 
     def decode(self, node: Any) -> Any:
-        from .tensor import tensor
-
         if node is None or isinstance(node, (bool, int, float, str)):
             return node
         if isinstance(node, list):
@@ -308,8 +307,6 @@ class _Reader:
         raise CheckpointError(f"pg.load: {self.path} has an entry of unknown kind {sorted(node)}")
 
     def decode_sparse(self, node: dict) -> Any:
-        from . import sparse as sparse_mod
-
         parts = node["__sparse__"]
         indptr, cols, values = (self.array(parts[k]) for k in ("indptr", "cols", "values"))
         shape = tuple(int(s) for s in node["shape"])

@@ -6,7 +6,6 @@
                       [--seed S] [--runs N] [--plot FILE.png] [--json] [--workers N | --scheduler ADDR]
     polygrad demo gat | sage [--sampled]      the same flags as gcn
     polygrad demo gin [--epochs N] [--seed S] [--runs N] [--json] ...   graph classification
-    polygrad bench NAME [--quick] [--json-only] | polygrad bench --list
     polygrad check ...                         the backend conformance kit (polygrad.testing)
 
 Exit status: 0 on success, 1 when the command ran and failed (a polygrad error: missing dataset,
@@ -23,7 +22,6 @@ import math
 import os
 import shutil
 import sys
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = ["main", "build_parser"]
@@ -205,41 +203,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# bench and check
+# check
 # ----------------------------------------------------------------------------------------------
-
-def _find_benchmarks() -> Path | None:
-    """The source checkout's top-level folder holding ``benchmarks/_harness.py``, if any."""
-    import polygrad
-
-    candidates = [Path.cwd(), Path(polygrad.__file__).resolve().parents[1]]
-    for root in candidates:
-        if (root / "benchmarks" / "_harness.py").is_file():
-            return root
-    return None
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    root = _find_benchmarks()
-    if root is None:
-        print("polygrad: the benchmarks live in the source checkout (benchmarks/ is not installed with the "
-              "package): clone the polygrad repository, `pip install -e '.[bench]'`, and run "
-              "`polygrad bench NAME` (or `python -m benchmarks NAME`) from there", file=sys.stderr)
-        return EXIT_USAGE
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    harness = importlib.import_module("benchmarks._harness")
-    argv: list[str] = []
-    if args.list or not args.name:
-        argv.append("--list")
-    else:
-        argv.append(args.name)
-    if args.quick:
-        argv.append("--quick")
-    if args.json_only:
-        argv.append("--json-only")
-    return int(harness.main(argv) or 0)
-
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Hand over to the conformance kit, imported only now (it pulls in pytest machinery)."""
@@ -248,7 +213,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         entry: Callable[..., Any] = conformance.main
     except (ImportError, AttributeError) as exc:
         print(f"polygrad: the conformance kit is not available in this installation "
-              f"(polygrad.testing.conformance: {exc}); install the test extra: pip install 'polygrad[test]'",
+              f"(polygrad.testing.conformance: {exc}); install the test extra: pip install 'polygrad-core[test]'",
               file=sys.stderr)
         return EXIT_USAGE
     return int(entry(list(args.check_args)) or 0)
@@ -328,8 +293,6 @@ def _add_node_demo_args(g: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import polygrad
-
     parser = argparse.ArgumentParser(prog="polygrad", description="polygrad: autograd for sparse, irregular data")
     parser.add_argument("--version", action=_VersionAction, nargs=0,
                         help="show polygrad's version and each discovered plugin's, and exit")
@@ -377,13 +340,6 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--runs", type=_positive_int, default=1, help="runs with seeds seed, seed+1, ...")
     _add_common_demo_args(n)
     n.set_defaults(func=cmd_demo)
-
-    b = sub.add_parser("bench", help="run a benchmark from the source checkout (benchmarks/)")
-    b.add_argument("name", nargs="?", help="benchmark name (see --list)")
-    b.add_argument("--list", action="store_true", help="list the benchmarks")
-    b.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
-    b.add_argument("--json-only", action="store_true", help="print only the final JSON line")
-    b.set_defaults(func=cmd_bench)
 
     # The conformance kit owns its own options: everything after `check` is passed to it as is.
     c = sub.add_parser("check", help="run the backend conformance kit (polygrad.testing.conformance)",

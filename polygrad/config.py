@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 class Config:
     #: "scalar": a failing kernel is recomputed through the fallback chain; "raise": re-raise.
     fallback: str = "scalar"
-    #: backends tried, in order, before scalar decomposition, per failing backend.
-    fallback_chain: dict[str, list[str]] = field(default_factory=lambda: {"cupy": ["numpy"]})
+    #: backends tried, in order, before scalar decomposition, per failing backend; a backend
+    #: not listed here uses its own ``Backend.fallback_chain``.
+    fallback_chain: dict[str, list[str]] = field(default_factory=dict)
     #: scalar decomposition of an op touching more elements than this raises BackendError instead.
     scalar_fallback_max_elements: int = 200_000
     #: density below which a dense operand is stored sparse; None = the cost model decides.

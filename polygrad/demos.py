@@ -24,12 +24,13 @@ import numpy as np
 import polygrad as pg
 from polygrad import data as pdata
 from polygrad import nn, optim
+from polygrad.draw import save_graph
 from polygrad.errors import PolygradError
 from polygrad.train import EpochRecord, History, fit
 
 __all__ = ["run_moons", "run_gcn", "MissingExtraError", "require_matplotlib", "peak_rss_mb", "Progress"]
 
-VIZ_HINT = "pip install 'polygrad[viz]'"
+VIZ_HINT = "pip install 'polygrad-core[viz]'"
 
 
 class MissingExtraError(PolygradError, ImportError):
@@ -139,7 +140,6 @@ def drawing_first_graph(loss_fn: Callable[[], Any], path: str | None) -> Callabl
     """``loss_fn`` that writes its first loss's autodiff graph to ``path`` (before backward frees it)."""
     if not path:
         return loss_fn
-    from .draw import save_graph
     drawn = []
 
     def wrapped():

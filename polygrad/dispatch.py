@@ -9,8 +9,8 @@
 3. the backend's kernel for ``(op, layout)`` runs -- a dict lookup in the table the registry
    built at load time;
 4. its output is checked against the inference; an exception or a contradicting output is a
-   kernel fault, handled by the fallback policy: the backend's fallback chain (e.g. cupy ->
-   numpy), then scalar decomposition over :class:`polygrad.Value`, whose ``backward`` later
+   kernel fault, handled by the fallback policy: the backend's fallback chain (a GPU backend
+   may retry on the host), then scalar decomposition over :class:`polygrad.Value`, whose ``backward`` later
    supplies the gradient so no rule or kernel of the failing backend is trusted;
 5. when grad mode is on and an input requires grad, a Node is recorded.
 """
@@ -32,7 +32,7 @@ from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBacke
 from .events import hook_failures
 from .graph import Node
 from .inference import _RULES as _infer_rules
-from .ops import NON_DIFFERENTIABLE, SPARSE, Op
+from .ops import NON_DIFFERENTIABLE, Op
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
@@ -41,7 +41,6 @@ _recording: ContextVar[Any] = ContextVar("polygrad_recording", default=None)
 _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
-_make_tensor: Any = None  # Tensor._make, bound by polygrad.tensor (which imports this module)
 
 # -- statistics (pg.stats()) ------------------------------------------------------------------------
 _stats_lock = threading.Lock()
@@ -172,7 +171,7 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     else:
         if config.validate:
             validate_against_reference(op, inputs, attrs, layout, out)
-    result = _make_tensor(out, be, shape, dtype)
+    result = first._new(out, be, shape, dtype)
     if needs_grad and dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get():
         result.requires_grad = True
         result._node = Node(op, inputs, attrs, layout, be, scalar)
@@ -240,7 +239,8 @@ def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtyp
     """(output array on the inputs' backend, scalar decomposition or None) after a kernel fault.
 
     ``pg.config.fallback == "raise"`` re-raises ``exc``.  Otherwise the fault is reported, the
-    backends of ``pg.config.fallback_chain[backend]`` are tried in order (a link that is unknown,
+    backends of ``pg.config.fallback_chain[backend]`` (default: the backend's own
+    ``fallback_chain``) are tried in order (a link that is unknown,
     unavailable or fails as well is reported and skipped), and last the op is decomposed into
     scalar :class:`Value` operations (see :func:`scalar_decompose`).
     """
@@ -256,7 +256,7 @@ def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtyp
         except MemoryBudgetError as err:
             raise err from exc
     report_fallback(op, be, layout, exc)
-    for alt_name in config.fallback_chain.get(be.name, ()):
+    for alt_name in config.fallback_chain.get(be.name, be.fallback_chain):
         if alt_name == be.name:
             continue
         try:
@@ -343,7 +343,3 @@ def validate_against_reference(op: Op, inputs: tuple, attrs: dict, layout: str, 
         err = np.max(np.abs(got - want)) if got.shape == want.shape else float("nan")
         raise BackendError(f"POLYGRAD_VALIDATE: op '{op}' on backend {be.name!r} ({layout}) disagrees with "
                            f"the scalar reference (max abs error {err:.3g})")
-
-
-def is_sparse_op(op: Op) -> bool:
-    return op in SPARSE

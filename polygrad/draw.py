@@ -12,7 +12,7 @@ each leaf shows its shape, dtype, backend and whether it requires grad (and ``t.
 Draw before ``backward()`` (or pass ``retain_graph=True`` to it): backward frees the nodes it
 consumed, and a freed node is drawn without its inputs.
 
-graphviz is optional (``pip install polygrad[viz]``); :func:`graph_spec` needs nothing and gives
+graphviz is optional (``pip install polygrad-core[viz]``); :func:`graph_spec` needs nothing and gives
 the same nodes and edges as plain data.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PolygradError
+from .tensor import Tensor
 
-_INSTALL = "pip install graphviz (or pip install 'polygrad[viz]')"
+_INSTALL = "pip install graphviz (or pip install 'polygrad-core[viz]')"
 
 
 @dataclass
@@ -57,7 +58,6 @@ def graph_spec(tensor: Any, max_nodes: int = 1000) -> GraphSpec:
     Follows every input, not only those needing gradients, so constants appear as leaves.
     At most ``max_nodes`` nodes are described (``truncated`` says when the walk stopped early).
     """
-    from .tensor import Tensor
     if not isinstance(tensor, Tensor):
         raise PolygradError(f"draw_graph needs a polygrad Tensor, got {type(tensor).__name__}")
     spec = GraphSpec()

@@ -13,7 +13,6 @@ int32 = np.dtype("int32")
 int64 = np.dtype("int64")
 bool_ = np.dtype("bool")
 
-DType = np.dtype
 # Like PyTorch: float32 unless asked otherwise.
 default_float: np.dtype = float32
 

@@ -73,3 +73,10 @@ class IndexOutOfRangeError(PolygradError, IndexError):
 
 
 __all__ = [name for name in dir() if name.endswith(("Error", "Warning"))]
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"``: how a plugin's or a device's failure is reported
+    in one line (``pg.list_backends()`` reasons, fallback events)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

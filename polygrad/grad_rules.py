@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from .dispatch import apply
 from .errors import GraphError
 from .ops import Op
@@ -28,13 +30,48 @@ if TYPE_CHECKING:
 Rule = Callable[..., tuple]
 
 
+def _const(like, value: float) -> "Tensor":
+    """A 0-d constant of ``like``'s dtype on its backend (it broadcasts)."""
+    be = like._be
+    return like._new(be.from_numpy(np.asarray(value, like.dtype)), be, (), like.dtype)
+
+
+def _mul(a, b):
+    return apply(Op.MUL, (a, b))
+
+
+def _add(a, b):
+    return apply(Op.ADD, (a, b))
+
+
+def _neg(x):
+    return apply(Op.NEG, (x,))
+
+
+def _one_minus(x):
+    return _add(_const(x, 1), _neg(x))
+
+
+def _reshape(x, shape: tuple):
+    return x if x.shape == shape else apply(Op.RESHAPE, (x,), {"shape": shape})
+
+
+def _cast(x, dtype):
+    return x if x.dtype == dtype else apply(Op.CAST, (x,), {"dtype": dtype})
+
+
+def _take(x, index: tuple):
+    """``x[index]`` for an index already in getitem's normalised form (a tuple)."""
+    return apply(Op.GETITEM, (x,), {"index": index})
+
+
 def _needs(node) -> tuple[bool, ...]:
     return tuple(t.requires_grad for t in node.inputs)
 
 
-# Rules run on every backward: for dense-only operands they call the primitives directly, which
-# skips the user-facing wrappers' argument checks, sparse routing and layout policy (a gradient's
-# layout is the forward's business, not something to re-decide on every pass).
+# Rules are written with apply on primitives only, never the user-facing Tensor API: this layer
+# sits below tensor.py, and it skips the wrappers' argument checks, sparse routing and layout
+# policy (a gradient's layout is the forward's business, not something to re-decide every pass).
 
 def _mm(a, b):
     return apply(Op.MATMUL, (a, b))
@@ -46,79 +83,83 @@ def _swap_last(x):
     return apply(Op.PERMUTE, (x,), {"perm": tuple(perm)})
 
 
-def _neg(node, out, g):
-    return (-g,)
+def _neg_rule(node, out, g):
+    return (_neg(g),)
 
 
-def _exp(node, out, g):
-    return (g * out,)
+def _exp_rule(node, out, g):
+    return (_mul(g, out),)
 
 
-def _log(node, out, g):
-    return (g / node.inputs[0],)
+def _log_rule(node, out, g):
+    return (_mul(g, apply(Op.RECIPROCAL, (node.inputs[0],))),)
 
 
-def _relu(node, out, g):
-    from .tensor import where
+def _relu_rule(node, out, g):
     # 0 where x <= 0 (relu'(0) = 0), g elsewhere -- NaN included, as PyTorch's threshold_backward
-    return (where(node.inputs[0] <= 0, 0.0, g),)
-
-
-def _tanh(node, out, g):
-    return (g * (1 - out * out),)
-
-
-def _reciprocal(node, out, g):
-    return (-g * out * out,)
-
-
-def _cast(node, out, g):
     x = node.inputs[0]
-    return (g.cast(x.dtype) if x.dtype.kind == "f" else None,)
+    return (apply(Op.WHERE, (apply(Op.LE, (x, _const(x, 0))), _const(g, 0), g)),)
 
 
-def _add(node, out, g):
+def _tanh_rule(node, out, g):
+    return (_mul(g, _one_minus(_mul(out, out))),)
+
+
+def _reciprocal_rule(node, out, g):
+    return (_mul(_mul(_neg(g), out), out),)
+
+
+def _cast_rule(node, out, g):
+    x = node.inputs[0]
+    return (_cast(g, x.dtype) if x.dtype.kind == "f" else None,)
+
+
+def _add_rule(node, out, g):
     return (g, g)
 
 
-def _mul(node, out, g):
+def _mul_rule(node, out, g):
     a, b = node.inputs
     if a is b:  # x * x: one gradient, no accumulation of two halves
-        return (apply(Op.MUL, (g, a)) * 2, None)
+        return (_mul(_mul(g, a), _const(g, 2)), None)
     na, nb = _needs(node)
-    return (apply(Op.MUL, (g, b)) if na else None, apply(Op.MUL, (g, a)) if nb else None)
+    return (_mul(g, b) if na else None, _mul(g, a) if nb else None)
 
 
-def _pow(node, out, g):
+def _pow_rule(node, out, g):
     # PyTorch's edge conventions: d/da is 0 where b == 0 (x ** 0 is the constant 1, even at
     # a == 0 where b * a ** (b - 1) would be 0 * inf); d/db is 0 where a == 0 and b >= 0 (the
     # limit of a ** b * log(a)), -inf/inf where a == 0 and b < 0, NaN where a < 0.
-    from .tensor import where
     a, b = node.inputs
     na, nb = _needs(node)
-    ga = gb = None
+    zero = _const(g, 0)
+    da = db = None
     if na:
-        ga = where(b == 0, 0.0, g * b * a ** (b - 1))
+        full = _mul(_mul(g, b), apply(Op.POW, (a, _add(b, _neg(_const(b, 1))))))
+        da = apply(Op.WHERE, (apply(Op.EQ, (b, _const(b, 0))), zero, full))
     if nb:
-        gb = where((a == 0) * (b >= 0), 0.0, g * out * a.log())
-    return (ga, gb)
+        full = _mul(_mul(g, out), apply(Op.LOG, (a,)))
+        b_nonneg = apply(Op.WHERE, (apply(Op.GE, (b, _const(b, 0))), zero, full))
+        db = apply(Op.WHERE, (apply(Op.EQ, (a, _const(a, 0))), b_nonneg, full))
+    return (da, db)
 
 
-def _maximum(node, out, g):
+def _maximum_rule(node, out, g):
     a, b = node.inputs
     na, nb = _needs(node)
     # 1 to the winner, 0.5 to each on a tie, and (PyTorch's rule) 1 to both where a NaN is involved
-    tie = (a == b).cast(g.dtype) * 0.5
-    ga = g * (1 - (a < b).cast(g.dtype) - tie) if na else None
-    gb = g * (1 - (a > b).cast(g.dtype) - tie) if nb else None
+    tie = _mul(_cast(apply(Op.EQ, (a, b)), g.dtype), _const(g, 0.5))
+    ga = _mul(g, _one_minus(_add(_cast(apply(Op.LT, (a, b)), g.dtype), tie))) if na else None
+    gb = _mul(g, _one_minus(_add(_cast(apply(Op.GT, (a, b)), g.dtype), tie))) if nb else None
     return (ga, gb)
 
 
-def _where(node, out, g):
-    from .tensor import where
+def _where_rule(node, out, g):
     cond = node.inputs[0]
     _, na, nb = _needs(node)
-    return (None, where(cond, g, 0.0) if na else None, where(cond, 0.0, g) if nb else None)
+    zero = _const(g, 0)
+    return (None, apply(Op.WHERE, (cond, g, zero)) if na else None,
+            apply(Op.WHERE, (cond, zero, g)) if nb else None)
 
 
 def _keepdims(g, node):
@@ -126,10 +167,10 @@ def _keepdims(g, node):
     if node.attrs["keepdims"]:
         return g
     x = node.inputs[0]
-    return g.reshape(tuple(1 if i in node.attrs["axes"] else n for i, n in enumerate(x.shape)))
+    return _reshape(g, tuple(1 if i in node.attrs["axes"] else n for i, n in enumerate(x.shape)))
 
 
-def _sum(node, out, g):
+def _sum_rule(node, out, g):
     shape = node.inputs[0].shape
     axes = node.attrs["axes"]
     if not node.attrs["keepdims"] and axes != tuple(range(len(axes))):
@@ -137,116 +178,122 @@ def _sum(node, out, g):
     return (g if g.shape == shape else apply(Op.EXPAND, (g,), {"shape": shape}),)
 
 
-def _max(node, out, g):
+def _max_rule(node, out, g):
     x = node.inputs[0]
-    axes = node.attrs["axes"]
     o = _keepdims(out, node)
     # the maximal elements; where the max is NaN, the NaN elements (torch's evenly_distribute)
-    mask = (x == o).cast(g.dtype) + (x != x).cast(g.dtype) * (o != o).cast(g.dtype)
-    count = mask.sum(axis=axes, keepdims=True)
-    return (_keepdims(g, node) * mask / count,)
+    is_nan_x = _cast(apply(Op.NE, (x, x)), g.dtype)
+    is_nan_o = _cast(apply(Op.NE, (o, o)), g.dtype)
+    mask = _add(_cast(apply(Op.EQ, (x, o)), g.dtype), _mul(is_nan_x, is_nan_o))
+    count = apply(Op.SUM, (mask,), {"axes": node.attrs["axes"], "keepdims": True})
+    return (_mul(_mul(_keepdims(g, node), mask), apply(Op.RECIPROCAL, (count,))),)
 
 
-def _reshape(node, out, g):
-    return (g.reshape(node.inputs[0].shape),)
+def _reshape_rule(node, out, g):
+    return (_reshape(g, node.inputs[0].shape),)
 
 
-def _permute(node, out, g):
+def _permute_rule(node, out, g):
     perm = node.attrs["perm"]
     inverse = [0] * len(perm)
     for i, p in enumerate(perm):
         inverse[p] = i
-    return (g.permute(*inverse),)
+    return (apply(Op.PERMUTE, (g,), {"perm": tuple(inverse)}),)
 
 
-def _expand(node, out, g):
+def _expand_rule(node, out, g):
     return (g,)  # autodiff's unbroadcast sums the expanded axes
 
 
-def _getitem(node, out, g):
-    from .tensor import index_add
-    x = node.inputs[0]
-    return (index_add(g, node.attrs["index"], x.shape),)
+def _getitem_rule(node, out, g):
+    x = node.inputs[0]  # the index was normalised against x.shape when the forward was recorded
+    return (apply(Op.INDEX_ADD, (g,), {"index": node.attrs["index"], "shape": x.shape}),)
 
 
-def _index_add(node, out, g):
-    return (g[node.attrs["index"]],)
+def _index_add_rule(node, out, g):
+    return (_take(g, node.attrs["index"]),)
 
 
-def _concat(node, out, g):
+def _concat_rule(node, out, g):
     axis = node.attrs["axis"]
     grads, start = [], 0
     for t in node.inputs:
         stop = start + t.shape[axis]
-        grads.append(g[(slice(None),) * axis + (slice(start, stop),)] if t.requires_grad else None)
+        grads.append(_take(g, (slice(None),) * axis + (slice(start, stop),)) if t.requires_grad else None)
         start = stop
     return tuple(grads)
 
 
-def _matmul(node, out, g):
+def _matmul_rule(node, out, g):
     a, b = node.inputs
     na, nb = _needs(node)
-    a2 = a if a.ndim > 1 else a.reshape(1, a.shape[0])
-    b2 = b if b.ndim > 1 else b.reshape(b.shape[0], 1)
+    a2 = a if a.ndim > 1 else _reshape(a, (1, a.shape[0]))
+    b2 = b if b.ndim > 1 else _reshape(b, (b.shape[0], 1))
     g2 = g
-    if a.ndim == 1:
-        g2 = g2.unsqueeze(-2 if b.ndim > 1 else -1)
+    if a.ndim == 1:  # put back the row axis a vector operand lost
+        g2 = _reshape(g2, g2.shape[:-1] + (1,) + g2.shape[-1:] if b.ndim > 1 else g2.shape + (1,))
     if b.ndim == 1:
-        g2 = g2.unsqueeze(-1)
+        g2 = _reshape(g2, g2.shape + (1,))
     ga = gb = None
     if na:
         ga = _mm(g2, _swap_last(b2))
         if a.ndim == 1:
-            ga = ga.reshape(ga.shape[:-2] + (a.shape[0],))
+            ga = _reshape(ga, ga.shape[:-2] + (a.shape[0],))
     if nb:
         gb = _mm(_swap_last(a2), g2)
         if b.ndim == 1:
-            gb = gb.reshape(gb.shape[:-2] + (b.shape[0],))
+            gb = _reshape(gb, gb.shape[:-2] + (b.shape[0],))
     return (ga, gb)
 
 
-def _spmm(node, out, g):
-    from .tensor import sddmm, spmm
+def _spmm_op(values, x, pattern):
+    return apply(Op.SPMM, (values, x), {"pattern": pattern}, pattern.layout)
+
+
+def _sddmm_op(p, q, pattern):
+    return apply(Op.SDDMM, (p, q), {"pattern": pattern}, pattern.layout)
+
+
+def _spmm_rule(node, out, g):
     values, x = node.inputs
     nv, nx = _needs(node)
     pattern = node.attrs["pattern"]
     dvalues = dx = None
     if nv:  # dA only at A's nonzeros: an SDDMM, never an n x m matrix
         if x.ndim == 1:
-            dvalues = sddmm(g.reshape(g.shape[0], 1), x.reshape(x.shape[0], 1), pattern)
+            dvalues = _sddmm_op(_reshape(g, (g.shape[0], 1)), _reshape(x, (x.shape[0], 1)), pattern)
         else:
-            dvalues = sddmm(g, x, pattern)
+            dvalues = _sddmm_op(g, x, pattern)
     if nx:  # dX = A^T dY through the cached transpose
         t_pattern, perm = pattern.transpose()
-        dx = spmm(values[perm], g, t_pattern)
+        dx = _spmm_op(_take(values, (perm,)), g, t_pattern)
     return (dvalues, dx)
 
 
-def _sddmm(node, out, g):
-    from .tensor import spmm
+def _sddmm_rule(node, out, g):
     p, q = node.inputs
     npp, nq = _needs(node)
     pattern = node.attrs["pattern"]
-    dp = spmm(g, q, pattern) if npp else None
+    dp = _spmm_op(g, q, pattern) if npp else None
     dq = None
     if nq:
         t_pattern, perm = pattern.transpose()
-        dq = spmm(g[perm], p, t_pattern)
+        dq = _spmm_op(_take(g, (perm,)), p, t_pattern)
     return (dp, dq)
 
 
-def _segment_sum(node, out, g):
-    return (g[node.attrs["pattern"].rows],)
+def _segment_sum_rule(node, out, g):
+    return (_take(g, (node.attrs["pattern"].rows,)),)
 
 
 RULES: dict[Op, Rule] = {
-    Op.NEG: _neg, Op.EXP: _exp, Op.LOG: _log, Op.RELU: _relu, Op.TANH: _tanh,
-    Op.RECIPROCAL: _reciprocal, Op.CAST: _cast,
-    Op.ADD: _add, Op.MUL: _mul, Op.POW: _pow, Op.MAXIMUM: _maximum, Op.WHERE: _where,
-    Op.SUM: _sum, Op.MAX: _max,
-    Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand, Op.GETITEM: _getitem,
-    Op.INDEX_ADD: _index_add, Op.CONCAT: _concat, Op.MATMUL: _matmul,
-    Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment_sum,
+    Op.NEG: _neg_rule, Op.EXP: _exp_rule, Op.LOG: _log_rule, Op.RELU: _relu_rule, Op.TANH: _tanh_rule,
+    Op.RECIPROCAL: _reciprocal_rule, Op.CAST: _cast_rule,
+    Op.ADD: _add_rule, Op.MUL: _mul_rule, Op.POW: _pow_rule, Op.MAXIMUM: _maximum_rule, Op.WHERE: _where_rule,
+    Op.SUM: _sum_rule, Op.MAX: _max_rule,
+    Op.RESHAPE: _reshape_rule, Op.PERMUTE: _permute_rule, Op.EXPAND: _expand_rule, Op.GETITEM: _getitem_rule,
+    Op.INDEX_ADD: _index_add_rule, Op.CONCAT: _concat_rule, Op.MATMUL: _matmul_rule,
+    Op.SPMM: _spmm_rule, Op.SDDMM: _sddmm_rule, Op.SEGMENT_SUM: _segment_sum_rule,
 }
 
 

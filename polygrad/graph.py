@@ -13,6 +13,16 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 
+class TensorBase:
+    """What the graph is made of: the layers below the user-facing :class:`polygrad.Tensor`
+    (dispatch, the gradient rules, the autodiff engine) know tensors by this type, so they never
+    import the Tensor module above them.  ``t._new(data, backend, shape, dtype)`` makes a plain
+    dense tensor (never a subclass), the way dispatch makes each op's output."""
+
+    __slots__ = ()
+    _new: Any  # set to Tensor._make by polygrad.tensor
+
+
 class Node:
     """op, its inputs (a tuple, in order), attrs, the layout its kernel ran in.
 

@@ -39,6 +39,7 @@ def polygrad_backends() -> list[Any]:
     Each backend is listed by ``pg.list_backends()`` under its ``name``; its kernels enter the
     dispatch table keyed by ``(backend name, op, layout)``.
     """
+    raise NotImplementedError  # a specification: pluggy calls the implementations
 
 
 @hookspec
@@ -49,6 +50,7 @@ def polygrad_kernels() -> list[Any]:
     for the ``numpy`` backend).  For each ``(backend, op, layout)`` the kernel with the highest
     ``priority`` wins; the backend's own kernels have priority 0.
     """
+    raise NotImplementedError  # a specification: pluggy calls the implementations
 
 
 # --- event hooks (called only when implemented) -------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 
 from .dtypes import bool_, int64, is_floating, promote
 from .errors import DTypeError, IndexOutOfRangeError, ShapeError
-from .ops import BINARY, COMPARE, FLOAT_UNARY, Op
+from .ops import BINARY, COMPARE, FLOAT_UNARY, UNARY, Op
 
 Shape = tuple[int, ...]
 Spec = tuple[Shape, np.dtype]
@@ -251,7 +251,7 @@ def _segment(op, shapes, dtypes, attrs):
 
 
 _RULES: dict[Op, Callable[..., Spec]] = {
-    **{op: _unary for op in (Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.TANH, Op.RECIPROCAL)},
+    **{op: _unary for op in UNARY - {Op.CAST}},
     Op.CAST: _cast,
     **{op: _binary for op in BINARY},
     **{op: _compare for op in COMPARE},

@@ -10,8 +10,9 @@ storage directly.
 Zero-copy means shared memory: writing through the other library's array changes the tensor.
 polygrad itself never writes into an array in place.
 
-No backend module is imported here: cupy is reached through the registry only when the data is
-on a GPU (or the cupy backend is asked for).
+Which backend takes data on which device is the backends' business: each lists the DLPack device
+types it imports zero-copy (``Backend.dlpack_devices``) and does the import (``Backend.from_dlpack``),
+so a third-party GPU backend takes part exactly like the built-in ones.
 """
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from .backend import HOST_DLPACK_DEVICES, KDLCPU, KDLCUDA, KDLCUDAHOST, KDLCUDAMANAGED, KDLROCM, Backend
 from .errors import BackendUnavailableError, DTypeError
-from .registry import resolve
+from .registry import get_backend, registry, resolve
+from .tensor import Tensor, dlpack_source
 
-#: DLPack device types (``DLDeviceType`` in dlpack.h)
-KDLCPU, KDLCUDA, KDLCUDAHOST, KDLCUDAMANAGED, KDLROCM = 1, 2, 3, 13, 10
-_HOST = (KDLCPU, KDLCUDAHOST)
-_GPU = (KDLCUDA, KDLCUDAMANAGED)
+__all__ = ["KDLCPU", "KDLCUDA", "KDLCUDAHOST", "KDLCUDAMANAGED", "KDLROCM", "dlpack_device",
+           "dlpack_source", "from_dlpack"]
 
 
 def dlpack_device(obj: Any) -> tuple[int, int]:
@@ -46,54 +47,69 @@ def _detached(obj: Any) -> Any:
     return obj
 
 
+def _home(kind: int) -> Backend:
+    """The backend that keeps data of DLPack device type ``kind``: the default backend when it
+    takes that device, else the highest-priority available backend that does.  Unavailable ones
+    that would have taken it are named, with their reasons, in the error."""
+    default = resolve(get_backend())
+    if kind in default.dlpack_devices:
+        return default
+    registry.load()
+    takers = sorted((e for e in registry.entries.values()
+                     if e.backend is not None and kind in e.backend.dlpack_devices),
+                    key=lambda e: (-e.backend.default_priority, e.name))  # type: ignore[union-attr]
+    reasons = []
+    for entry in takers:
+        try:
+            return registry.get(entry.name)
+        except BackendUnavailableError as exc:
+            reasons.append(str(exc))
+    why = "; ".join(reasons) if reasons else "no installed backend lists it in Backend.dlpack_devices"
+    raise BackendUnavailableError(f"pg.from_dlpack: data on DLPack device type {kind} has no polygrad "
+                                  f"backend here: {why}")
+
+
+def _import(be: Backend, obj: Any) -> Any:
+    try:
+        return be.from_dlpack(obj)
+    except (TypeError, BufferError, RuntimeError, ValueError) as exc:
+        raise DTypeError(f"pg.from_dlpack: {be.name} cannot import this {type(obj).__name__} "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
 def _host_array(obj: Any, kind: int) -> np.ndarray:
-    """A numpy view of host data (zero-copy), or a host copy of GPU data (through cupy)."""
-    if kind in _HOST:
+    """A numpy view of host data (zero-copy), or a host copy through the backend of its device."""
+    if kind in HOST_DLPACK_DEVICES:
         try:
             return np.from_dlpack(obj)
         except (TypeError, BufferError, RuntimeError, ValueError) as exc:
             raise DTypeError(f"pg.from_dlpack: numpy cannot import this {type(obj).__name__} "
                              f"({type(exc).__name__}: {exc})") from None
-    if kind in _GPU:
-        cupy_be = resolve("cupy")  # BackendUnavailableError (with the reason) when no GPU here
-        return cupy_be.to_numpy(_cupy_array(obj, cupy_be))
-    raise BackendUnavailableError(f"pg.from_dlpack: data on DLPack device type {kind} "
-                                  f"(neither host memory nor CUDA) has no polygrad backend")
-
-
-def _cupy_array(obj: Any, cupy_be: Any) -> Any:
-    cp = cupy_be.modules().cupy
-    try:
-        return cp.from_dlpack(obj)
-    except (TypeError, BufferError, RuntimeError, ValueError) as exc:
-        raise DTypeError(f"pg.from_dlpack: cupy cannot import this {type(obj).__name__} "
-                         f"({type(exc).__name__}: {exc})") from None
+    home = _home(kind)
+    return home.to_numpy(_import(home, obj))
 
 
 def from_dlpack(obj: Any, backend: Any = None, *, requires_grad: bool = False):
     """A polygrad tensor over ``obj``'s data (a numpy / cupy array, a torch tensor, ...).
 
-    ``backend``: where the tensor lives; default: ``numpy`` for host data, ``cupy`` for data on
-    a CUDA device.  Zero-copy when the data is already there (host data -> numpy, CUDA data ->
-    cupy); otherwise the data is copied across once (host <-> device, or into a backend with
-    its own storage such as ``scalar``).  A torch tensor that requires grad is detached first
-    (its values are imported, not its graph).
+    ``backend``: where the tensor lives; default: the default backend when it takes data on
+    ``obj``'s device (host memory for ``numpy``), else the backend that does (``cupy`` for CUDA
+    data).  Zero-copy when the target backend lists the device in ``Backend.dlpack_devices``;
+    otherwise the data is copied across once (host <-> device, or into a backend with its own
+    storage such as ``scalar``).  A torch tensor that requires grad is detached first (its values
+    are imported, not its graph).
 
     Raises DTypeError for an object without ``__dlpack__`` or of a dtype polygrad does not
-    support (complex, bfloat16 ...), BackendUnavailableError for GPU data when cupy cannot run.
+    support (complex, bfloat16 ...), BackendUnavailableError for data on a device no available
+    backend takes (naming the backends that would, and why they cannot run).
     """
-    from .tensor import Tensor
-
     obj = _detached(obj)
     kind, _ = dlpack_device(obj)
-    if backend is None:
-        backend = "cupy" if kind in _GPU else "numpy"
-    be = resolve(backend)
-    if be.name == "cupy" and kind in _GPU:
-        array = _cupy_array(obj, be)                      # zero-copy on the device
+    be = _home(kind) if backend is None else resolve(backend)
+    if kind in be.dlpack_devices:
+        array = _import(be, obj)                          # zero-copy where the data already is
     else:
-        host = _host_array(obj, kind)                     # zero-copy for host data
-        array = host if be.name == "numpy" else be.from_numpy(host)
+        array = be.from_numpy(_host_array(obj, kind))     # copied across once
     dtype = be.dtype(array)
     if dtype.kind not in "fiub":
         raise DTypeError(f"pg.from_dlpack: unsupported dtype {dtype} (polygrad supports float, int and bool)")
@@ -101,12 +117,3 @@ def from_dlpack(obj: Any, backend: Any = None, *, requires_grad: bool = False):
     if requires_grad:
         t.requires_grad_(True)
     return t
-
-
-def dlpack_source(t) -> Any:
-    """The array a tensor exports through DLPack: its backend array when that speaks DLPack
-    (numpy, cupy: zero-copy), else a host copy (e.g. the scalar backend's lists)."""
-    data = t._data
-    if hasattr(data, "__dlpack__") and hasattr(data, "__dlpack_device__"):
-        return data
-    return t.numpy()

@@ -21,6 +21,7 @@ import psutil
 
 from .config import config
 from .errors import MemoryBudgetError
+from .registry import resolve
 
 __all__ = ["available_bytes", "budget_bytes", "check", "fits", "format_bytes", "nbytes"]
 
@@ -58,7 +59,6 @@ def available_bytes(backend: Any = None) -> int:
     """
     if backend is not None:
         if isinstance(backend, str):
-            from .registry import resolve
             backend = resolve(backend)
         try:
             reported = backend.memory_available()

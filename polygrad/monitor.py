@@ -10,11 +10,11 @@
     report = m.to_dict()                        # the same, JSON-serialisable
 
 Per step it records: the ops executed, the nnz ratio (density) of each sparse op, the global
-gradient norm of each backward pass, memory (psutil RSS; GPU memory when cupy is in use), the
-layout decisions of the automatic layout policy and every fallback.  It warns through
-``logging`` (logger ``polygrad.monitor``) on NaN/Inf gradients, an op whose output has a NaN
-although its inputs have none (a NaN-producing kernel, or 0/0, inf-inf in the user's math),
-an exploding gradient norm and memory above the budget.
+gradient norm of each backward pass, memory (psutil RSS; device memory as the backends in use
+report it through ``Backend.memory_used``), the layout decisions of the automatic layout policy
+and every fallback.  It warns through ``logging`` (logger ``polygrad.monitor``) on NaN/Inf
+gradients, an op whose output has a NaN although its inputs have none (a NaN-producing kernel,
+or 0/0, inf-inf in the user's math), an exploding gradient norm and memory above the budget.
 
 A monitor records the ops of the thread that started it (``all_threads=True``: of every thread),
 so two threads, each with its own monitor, never see each other's work.
@@ -30,14 +30,15 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import config
 from .hookspecs import hookimpl
+from .registry import registry
 
 log = logging.getLogger("polygrad.monitor")
 
@@ -53,15 +54,18 @@ def _rss() -> int | None:
         return None
 
 
-def _gpu_bytes() -> int | None:
-    """Bytes held by cupy's default memory pool, when cupy is imported (never imports it)."""
-    cupy = sys.modules.get("cupy")
-    if cupy is None:
-        return None
-    try:
-        return int(cupy.get_default_memory_pool().used_bytes())
-    except Exception:  # noqa: BLE001 - no device: nothing to report
-        return None
+def _device_bytes(backends: set) -> int | None:
+    """Bytes the given backends hold on their devices (``Backend.memory_used``); None when every
+    one of them keeps its arrays in host memory (the RSS figure already counts those)."""
+    total = None
+    for name in sorted(backends):
+        try:
+            used = registry.get(name).memory_used()
+        except Exception:  # noqa: BLE001 - a backend that cannot report is left out of the figure
+            used = None
+        if used is not None:
+            total = (total or 0) + int(used)
+    return total
 
 
 def _default_budget() -> int | None:
@@ -69,7 +73,6 @@ def _default_budget() -> int | None:
     try:
         import psutil
 
-        from .config import config
         return int(config.memory_fraction * psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001
         return None
@@ -232,7 +235,7 @@ class Monitor:
         self.steps: list[StepRecord] = []
         self.enabled = False
         self._history: list[float] = []
-        self._uses_gpu = False
+        self._backends_seen: set[str] = set()
         self._current = StepRecord(0)
         self._t0 = time.perf_counter()
         self._memory_warned = False
@@ -240,7 +243,6 @@ class Monitor:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Monitor":
         """Register the hooks (idempotent).  Until then the monitor costs nothing."""
-        from .registry import registry
         if not self.enabled:
             registry.load()
             self._thread = threading.get_ident()
@@ -251,7 +253,6 @@ class Monitor:
 
     def stop(self) -> "Monitor":
         """Unregister the hooks; the open step (if anything happened in it) is closed."""
-        from .registry import registry
         if self.enabled:
             registry.unregister_plugin(self)
             self.enabled = False
@@ -261,13 +262,11 @@ class Monitor:
 
     def pause(self) -> None:
         """Stop listening without closing the step (dispatch is back to zero overhead)."""
-        from .registry import registry
         if self.enabled:
             registry.unregister_plugin(self)
             self.enabled = False
 
     def resume(self) -> None:
-        from .registry import registry
         if not self.enabled:
             if self._thread is None:
                 self._thread = threading.get_ident()
@@ -292,8 +291,8 @@ class Monitor:
                 self._warn(f"op '{op}' on backend {backend!r} ({layout}) produced NaN from NaN-free inputs")
             cur.nan_ops[key] += 1
         cur.ops[(op, backend, layout)] += 1  # a tuple key: formatting waits for the report
-        if backend == "cupy":
-            self._uses_gpu = True
+        if backend not in self._backends_seen:
+            self._backends_seen.add(backend)
         if op in _SPARSE_OPS:
             nnz, rows, cols = _density(op, inputs, output)
             # one entry per op and operand shape: A (n x n) and sparse features (n x F) stay apart
@@ -420,7 +419,7 @@ class Monitor:
         lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
                  "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        fallbacks = Counter()
+        fallbacks: Counter[str] = Counter()
         for r in records:
             fallbacks.update(r.fallbacks)
         if fallbacks:
@@ -463,8 +462,8 @@ class Monitor:
             if self.memory_budget is not None and rss > self.memory_budget and not self._memory_warned:
                 self._memory_warned = True
                 self._warn(f"memory above the budget: RSS {rss / _MIB:.1f} MiB > {self.memory_budget / _MIB:.1f} MiB")
-        if self._uses_gpu:
-            cur.gpu_bytes = _gpu_bytes()
+        if self._backends_seen:
+            cur.gpu_bytes = _device_bytes(self._backends_seen)
 
 
 def monitor(**kwargs: Any) -> Monitor:

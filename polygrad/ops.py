@@ -66,8 +66,6 @@ SPARSE = frozenset({Op.SPMM, Op.SDDMM, Op.SEGMENT_SUM, Op.SEGMENT_MAX})
 # Ops whose output carries no gradient, whatever their inputs.
 NON_DIFFERENTIABLE = COMPARE | {Op.SEGMENT_MAX}
 
-ALL_OPS = tuple(Op)
-
 
 def list_ops() -> list[str]:
     """Names of every primitive op, as kernels, fault injection and the conformance kit key them."""

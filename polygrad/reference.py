@@ -13,12 +13,12 @@ positions; every arithmetic on values happens here in pure Python.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from . import scalar_math as sm
-from .ops import Op
+from .ops import FLOAT_UNARY, Op
 from .value import Value
 
 Flat = tuple[list, tuple]  # (row-major elements, shape)
@@ -42,24 +42,18 @@ def _val(x):
     return x.data if isinstance(x, Value) else x
 
 
-def _exp(x):
-    return x.exp() if isinstance(x, Value) else sm.exp(x)
+def _float_unary(op: Op) -> Callable:
+    """A floating unary op's scalar meaning, by its name: ``Value.<name>`` on Values and
+    ``scalar_math.<name>`` (IEEE results) on plain numbers -- so a new one needs no entry here."""
+    on_value, on_number = getattr(Value, op.value), getattr(sm, op.value)
 
-
-def _log(x):
-    return x.log() if isinstance(x, Value) else sm.log(x)
-
-
-def _tanh(x):
-    return x.tanh() if isinstance(x, Value) else sm.tanh(x)
+    def f(x):
+        return on_value(x) if isinstance(x, Value) else on_number(x)
+    return f
 
 
 def _relu(x):
     return x.relu() if isinstance(x, Value) else (x if x > 0 else 0 * x)
-
-
-def _reciprocal(x):
-    return x.reciprocal() if isinstance(x, Value) else sm.reciprocal(x)
 
 
 def _neg(x):
@@ -69,7 +63,7 @@ def _neg(x):
 def _pow(a, b):
     if isinstance(a, Value) or isinstance(b, Value):
         return (a if isinstance(a, Value) else Value(float(a))) ** b
-    return sm.pow(a, b)
+    return float(sm.pow(a, b))
 
 
 def _maximum(a, b):
@@ -136,8 +130,7 @@ def _take(items: list, positions: np.ndarray) -> list:
 
 # -- the ops ---------------------------------------------------------------------------------------
 
-_UNARY: dict[Op, Callable] = {Op.NEG: _neg, Op.EXP: _exp, Op.LOG: _log, Op.RELU: _relu,
-                              Op.TANH: _tanh, Op.RECIPROCAL: _reciprocal}
+_UNARY: dict[Op, Callable] = {Op.NEG: _neg, Op.RELU: _relu, **{op: _float_unary(op) for op in FLOAT_UNARY}}
 _BINARY: dict[Op, Callable] = {
     Op.ADD: lambda a, b: a + b, Op.MUL: lambda a, b: a * b, Op.POW: _pow, Op.MAXIMUM: _maximum,
     Op.LT: lambda a, b: _val(a) < _val(b), Op.LE: lambda a, b: _val(a) <= _val(b),

@@ -1,7 +1,7 @@
 """Backend discovery and selection.
 
-Backends arrive through the pluggy entry-point group ``polygrad`` -- the built-in ``scalar``,
-``numpy`` and ``cupy`` exactly like any third party's.  Each entry point is loaded and registered
+Backends arrive through the pluggy entry-point group ``polygrad`` -- the built-in ones exactly
+like any third party's.  Each entry point is loaded and registered
 in isolation: one that fails to import, raises in a registration hook or whose ``is_available()``
 raises is recorded with the reason and skipped, so ``import polygrad`` never breaks because of a
 plugin.  Registration builds the per-backend kernel tables once; dispatch then only does dict
@@ -24,10 +24,10 @@ from . import hookspecs
 from .backend import Backend, KernelOverride, contract_problem
 from .errors import BackendUnavailableError
 from .events import GuardedEvent
+from .errors import describe_exception as _describe
 from .ops import Op
 
 ENTRY_POINT_GROUP = "polygrad"
-DEFAULT_BACKEND = "numpy"
 EVENT_HOOKS = ("polygrad_op_executed", "polygrad_layout_chosen", "polygrad_fallback",
                "polygrad_backward_finished")
 
@@ -55,10 +55,6 @@ class _Entry:
     reason: str = ""
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 class Registry:
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -74,6 +70,7 @@ class Registry:
         self._provided: dict[str, list[str]] = {}
         self._lock = threading.RLock()
         self.loaded = False
+        self._default: str | None = None  # cached default_name(); reset on (un)registration
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -89,7 +86,8 @@ class Registry:
                 return
             for ep in eps:
                 try:
-                    origin = ep.dist.name if getattr(ep, "dist", None) is not None else "<unknown>"
+                    dist = getattr(ep, "dist", None)
+                    origin = dist.name if dist is not None else "<unknown>"
                 except Exception:  # noqa: BLE001 - unreadable METADATA
                     origin = "<unknown>"
                 try:
@@ -112,9 +110,14 @@ class Registry:
             name = name or getattr(plugin, "__name__", None) or repr(plugin)
             if self.pm.is_registered(plugin) or self.pm.has_plugin(name):
                 return
+            self._default = None
             try:
                 self.pm.register(plugin, name=name)
-            except Exception as exc:  # e.g. a hookimpl with an unknown hook name
+                # a @hookimpl whose name matches no hook (a misspelling) is an error, not ignored
+                self.pm.check_pending()
+            except Exception as exc:  # pluggy's PluginValidationError names the hook
+                if self.pm.is_registered(plugin):
+                    self.pm.unregister(plugin)
                 self.entries.setdefault(name, _Entry(name, origin, error=f"failed to register: {_describe(exc)}"))
                 return
             try:
@@ -129,8 +132,9 @@ class Registry:
     def unregister_plugin(self, plugin: Any) -> None:
         """Unregister a plugin: its hooks stop firing and the backends it provided are removed."""
         with self._lock:
+            self._default = None
             if self.pm.is_registered(plugin):
-                for bname in self._provided.pop(self.pm.get_name(plugin), ()):
+                for bname in self._provided.pop(self.pm.get_name(plugin) or "", ()):
                     self.entries.pop(bname, None)
                     self.tables.pop(bname, None)
                     self.vjp_tables.pop(bname, None)
@@ -140,10 +144,13 @@ class Registry:
             self._refresh_events()
 
     def _call_own_hook(self, plugin: Any, hook: str) -> list:
-        impl = getattr(plugin, hook, None)
-        if impl is None or not callable(impl):
-            return []
-        return list(impl() or [])
+        """This plugin's own ``@hookimpl`` of ``hook`` (an unmarked function of that name is not
+        an implementation, exactly as pluggy sees it)."""
+        out: list = []
+        for impl in getattr(self.pm.hook, hook).get_hookimpls():
+            if impl.plugin is plugin:
+                out.extend(impl.function() or [])
+        return out
 
     def _collect(self, plugin: Any, name: str, origin: str) -> None:
         """Call the plugin's registration hooks and install what they return.
@@ -225,6 +232,36 @@ class Registry:
             out.append(BackendInfo(entry.name, bool(entry.available), entry.reason, entry.origin, status))
         return out
 
+    def default_name(self) -> str:
+        """The registered backend with the highest ``Backend.default_priority`` (ties: by name)."""
+        name = self._default
+        if name is None:
+            self.load()
+            with self._lock:
+                ranked = sorted((-e.backend.default_priority, e.name) for e in self.entries.values()
+                                if e.backend is not None)
+                if not ranked:
+                    raise BackendUnavailableError("no polygrad backend is installed (entry-point group "
+                                                  f"{ENTRY_POINT_GROUP!r}); pg.list_backends() shows why")
+                name = self._default = ranked[0][1]
+        return name
+
+    def kernel(self, backend: str, op: "Op | str", layout: str = "dense", kind: str = "forward") -> Any:
+        """The kernel dispatch runs for ``(op, layout)`` on ``backend`` (after plugin overrides), or
+        None.  ``kind``: "forward", or "vjp" for a fused backward kernel."""
+        if kind not in ("forward", "vjp"):
+            raise ValueError(f"kind must be 'forward' or 'vjp', got {kind!r}")
+        self.load()
+        tables = self.vjp_tables if kind == "vjp" else self.tables
+        return tables.get(backend, {}).get((Op(op), layout))
+
+    def kernel_table(self, backend: str, kind: str = "forward") -> dict:
+        """A copy of ``backend``'s kernel table: {(Op, layout): kernel}."""
+        if kind not in ("forward", "vjp"):
+            raise ValueError(f"kind must be 'forward' or 'vjp', got {kind!r}")
+        self.load()
+        return dict((self.vjp_tables if kind == "vjp" else self.tables).get(backend, {}))
+
     def get(self, name: str) -> Backend:
         self.load()
         if not isinstance(name, str):
@@ -248,8 +285,22 @@ _current: ContextVar[str | None] = ContextVar("polygrad_backend", default=None)
 
 
 def get_backend() -> str:
-    """Name of the backend new tensors go to: use_backend/set_backend, else $POLYGRAD_BACKEND, else numpy."""
-    return _current.get() or os.environ.get("POLYGRAD_BACKEND") or DEFAULT_BACKEND
+    """Name of the backend new tensors go to: use_backend/set_backend, else $POLYGRAD_BACKEND, else
+    the installed backend with the highest ``Backend.default_priority`` (numpy's)."""
+    return _current.get() or os.environ.get("POLYGRAD_BACKEND") or registry.default_name()
+
+
+def get_kernel(backend: str, op: "Op | str", layout: str = "dense", kind: str = "forward") -> Any:
+    """The kernel ``backend`` runs for ``op`` in ``layout`` (plugin overrides applied), or None.
+
+    ``kind="vjp"`` asks for a fused backward kernel.  For inspection and tests; dispatch itself
+    looks kernels up in tables built at load time."""
+    return registry.kernel(backend, op, layout, kind)
+
+
+def kernel_table(backend: str, kind: str = "forward") -> dict:
+    """A copy of ``backend``'s kernel table ``{(Op, layout): kernel}`` (``kind``: forward / vjp)."""
+    return registry.kernel_table(backend, kind)
 
 
 def resolve(name: "str | Backend | None" = None) -> Backend:

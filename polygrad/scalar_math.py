@@ -1,63 +1,80 @@
-"""IEEE-754 semantics for Python float math (what numpy gives), shared by Value and the reference.
+"""IEEE-754 semantics for Python float math (what numpy gives): the one place they are defined.
 
-Python's ``math`` raises where numpy returns inf/nan (exp overflow, log(0), 1/0, pow of a negative
-base): the scalar reference must agree with the vectorised backends, so it uses these.
+Python's arithmetic raises where numpy returns inf/nan (exp overflow, log(0), 1/0, 0 ** -1) or goes
+complex (a negative base to a fractional power).  :class:`polygrad.Value` (and so the scalar
+backend, the fallback and the reference) uses these so that it agrees with the vectorised
+backends.  Each function tries the plain Python operation first: the exceptional path costs
+nothing until it is taken, which keeps ``Value`` fast.
 """
 from __future__ import annotations
 
 import math
+from typing import Any
 
 inf = math.inf
 nan = math.nan
+_exp = math.exp
+_log = math.log
+_copysign = math.copysign
+
+tanh = math.tanh  # never raises: -1 .. 1, nan stays nan
 
 
-def exp(x: float) -> float:
+def _is_odd_integer(c: Any) -> bool:
     try:
-        return math.exp(x)
+        f = float(c)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return math.isfinite(f) and f.is_integer() and int(f) % 2 == 1
+
+
+def pow_special(x: Any, c: Any) -> float:
+    """IEEE pow for the cases where ``x ** c`` raised (0 ** negative, overflow)."""
+    negative = _copysign(1.0, x) < 0.0
+    return -inf if (negative and _is_odd_integer(c)) else inf
+
+
+def pow(x: Any, c: Any) -> Any:  # noqa: A001 - mirrors math.pow
+    """``x ** c`` with IEEE results instead of exceptions or complex numbers (ints stay ints)."""
+    try:
+        r = x ** c
+    except (ZeroDivisionError, OverflowError):
+        return pow_special(x, c)
+    if r.__class__ is complex:
+        return nan
+    return r
+
+
+def div(a: Any, b: Any) -> Any:
+    """``a / b`` with IEEE results on division by zero."""
+    try:
+        return a / b
+    except ZeroDivisionError:
+        if a != a or a == 0:
+            return nan
+        return _copysign(inf, a) * _copysign(1.0, b)
+
+
+def reciprocal(x: Any) -> Any:
+    return div(1.0, x)
+
+
+def exp(x: Any) -> float:
+    try:
+        return _exp(x)
     except OverflowError:
         return inf
 
 
-def log(x: float) -> float:
-    if x > 0:
-        return math.log(x)
-    if x == 0:
-        return -inf
-    return nan  # negative or nan
-
-
-def tanh(x: float) -> float:
-    return math.tanh(x)
-
-
-def reciprocal(x: float) -> float:
-    if x == 0:
-        return math.copysign(inf, x)
-    return 1.0 / x
-
-
-def div(a: float, b: float) -> float:
-    if b == 0:
-        if a == 0 or a != a:
-            return nan
-        return math.copysign(inf, a) * math.copysign(1.0, b)
-    return a / b
-
-
-def pow(a: float, b: float) -> float:  # noqa: A001 - mirrors math.pow
+def log(x: Any) -> float:
     try:
-        r = a ** b
-    except ZeroDivisionError:  # 0 ** negative
-        return inf if not (float(b).is_integer() and int(b) % 2 and math.copysign(1.0, a) < 0) else -inf
-    except OverflowError:
-        return inf if a > 0 or float(b).is_integer() and int(b) % 2 == 0 else -inf
-    if isinstance(r, complex):  # negative base, fractional exponent
-        return nan
-    return float(r)
+        return _log(x)
+    except ValueError:
+        return -inf if x == 0 else nan
 
 
-def sigmoid(x: float) -> float:
+def sigmoid(x: Any) -> float:
     if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
+        return 1.0 / (1.0 + _exp(-x))
+    e = exp(x)          # x < 0 or NaN: exp cannot overflow (NaN stays NaN)
     return e / (1.0 + e)

@@ -15,10 +15,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from . import dispatch, sharing
+from .autodiff import backward as _backward
 from .dispatch import apply
 from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
 from . import memory
 from .errors import DTypeError, GraphError, IndexOutOfRangeError, MemoryBudgetError, PolygradError, ShapeError
+from .graph import TensorBase
 from .inference import check_dims, normalize_axes
 from .ops import Op
 from .registry import owner_of, resolve
@@ -34,10 +36,12 @@ def manual_seed(seed: int) -> None:
 
 
 def rng() -> np.random.Generator:
+    """polygrad's random generator (``pg.rng()``): what rand, randn, dropout and the nn initialisers
+    draw from; reseeded by :func:`manual_seed`.  Draw from it so ``manual_seed`` covers your code."""
     return _rng
 
 
-class Tensor:
+class Tensor(TensorBase):
     """An n-d array on one backend, with an optional gradient.
 
     Create with :func:`polygrad.tensor` (or zeros/ones/randn...).  ``requires_grad=True`` on a
@@ -110,6 +114,33 @@ class Tensor:
             raise ShapeError(f"Tensor.data: cannot set data of shape {other.shape} on a tensor of shape {self.shape}")
         self._data = other._data if other.dtype == self.dtype else other.cast(self.dtype)._data
 
+    @property
+    def array(self) -> Any:
+        """The backend's array behind this tensor (a ``numpy.ndarray`` on the numpy backend).
+
+        polygrad never writes into it; treat it as read-only too (write with :meth:`update_`)."""
+        return self._data
+
+    def update_(self, new: Any) -> "Tensor":
+        """Replace this tensor's values in place, outside autodiff (what an optimizer step does).
+
+        ``new`` is a tensor on this backend, an array of this backend (see :attr:`array`, kept
+        without a copy), or anything numpy can read (copied onto the backend), of this tensor's
+        shape; it is cast to this tensor's dtype.  The tensor keeps its identity,
+        ``requires_grad`` and ``grad``; nothing is recorded in the graph."""
+        if isinstance(new, Tensor):
+            self.data = new
+            return self
+        be = self._be
+        if not be.owns(new):
+            new = be.from_numpy(np.asarray(new, dtype=self.dtype))
+        if be.shape(new) != self.shape:
+            raise ShapeError(f"Tensor.update_: values of shape {be.shape(new)} for a tensor of shape {self.shape}")
+        if be.dtype(new) != self.dtype:
+            new = be.from_numpy(be.to_numpy(new).astype(self.dtype))
+        self._data = new
+        return self
+
     def requires_grad_(self, flag: bool = True) -> "Tensor":
         if flag and self.dtype.kind != "f":
             raise DTypeError(f"only floating tensors can require grad, this one is {self.dtype}")
@@ -133,14 +164,12 @@ class Tensor:
 
     def __dlpack__(self, *, stream=None, **kwargs):
         """DLPack export of the backend array (zero-copy for numpy/cupy); see polygrad.interop."""
-        from .interop import dlpack_source
         if stream is not None:
             kwargs["stream"] = stream
         sharing.mark_shared(self._data)  # the consumer may write through the capsule
         return dlpack_source(self).__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
-        from .interop import dlpack_source
         return dlpack_source(self).__dlpack_device__()
 
     def __reduce__(self):
@@ -207,8 +236,7 @@ class Tensor:
 
     # -- autodiff -----------------------------------------------------------------------------
     def backward(self, grad: Any = None, retain_graph: bool = False, create_graph: bool = False) -> None:
-        from .autodiff import backward
-        backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
+        _backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
 
     def zero_grad(self) -> None:
         self.grad = None
@@ -309,7 +337,17 @@ class Tensor:
         return f"tensor({body}{extra})"
 
 
-dispatch._make_tensor = _make = Tensor._make
+_make = Tensor._make
+Tensor._new = staticmethod(Tensor._make)  # graph.TensorBase: how the lower layers make tensors
+
+
+def dlpack_source(t: Tensor) -> Any:
+    """The array a tensor exports through DLPack: its backend array when that speaks DLPack
+    (numpy, cupy: zero-copy), else a host copy (e.g. the scalar backend's lists)."""
+    data = t._data
+    if hasattr(data, "__dlpack__") and hasattr(data, "__dlpack_device__"):
+        return data
+    return t.numpy()
 
 
 def _int_arg(what: str, value: Any) -> int:

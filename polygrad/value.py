@@ -76,16 +76,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from polygrad import scalar_math as sm
 from polygrad.errors import DTypeError, ShapeError
 
 __all__ = ["Value", "backward_many"]
 
-_INF = math.inf
 _NAN = math.nan
-_exp = math.exp
 _log = math.log
 _tanh = math.tanh
-_copysign = math.copysign
 
 # ---------------------------------------------------------------------------------------------
 # Op codes.  Ranges matter: 0 leaf, 1..19 unary (parent in _a), 20..39 binary (_a, _b),
@@ -107,6 +105,7 @@ SIGMOID = 11
 RECIP = 12    # 1 / x
 MAXC = 13     # maximum(x, c)    _arg = c
 RPOWC = 14    # c ** x           _arg = c
+UNARY_FN = 15  # a unary op added with unary()   _arg = (name, derivative)
 ADD = 20
 MUL = 21
 SUB = 22
@@ -126,63 +125,9 @@ _OPNAMES = {
 }
 
 
-# ---------------------------------------------------------------------------------------------
-# IEEE-754 fallbacks for the (rare) cases where Python arithmetic raises or goes complex.
-# ---------------------------------------------------------------------------------------------
-def _is_odd_integer(c: Any) -> bool:
-    try:
-        f = float(c)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return math.isfinite(f) and f.is_integer() and int(f) % 2 == 1
-
-
-def _pow_special(x: Any, c: Any) -> float:
-    """IEEE pow for the cases where ``x ** c`` raised (0 ** negative, overflow)."""
-    negative = _copysign(1.0, x) < 0.0
-    return -_INF if (negative and _is_odd_integer(c)) else _INF
-
-
-def _pow(x: Any, c: Any) -> Any:
-    """``x ** c`` with IEEE results instead of exceptions or complex numbers."""
-    try:
-        r = x ** c
-    except (ZeroDivisionError, OverflowError):
-        return _pow_special(x, c)
-    if r.__class__ is complex:
-        return _NAN
-    return r
-
-
-def _div(a: Any, b: Any) -> Any:
-    """``a / b`` with IEEE results on division by zero."""
-    try:
-        return a / b
-    except ZeroDivisionError:
-        if a != a or a == 0:
-            return _NAN
-        return _copysign(_INF, a) * _copysign(1.0, b)
-
-
-def _exp_ieee(x: Any) -> float:
-    try:
-        return _exp(x)
-    except OverflowError:
-        return _INF
-
-
-def _log_ieee(x: Any) -> float:
-    try:
-        return _log(x)
-    except ValueError:
-        return -_INF if x == 0 else _NAN
-
-
-def _sigmoid(x: Any) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + _exp(-x))
-    e = _exp_ieee(x)          # x < 0 or NaN: exp cannot overflow (NaN stays NaN)
-    return e / (1.0 + e)
+# IEEE-754 results where Python arithmetic raises or goes complex: one definition, in scalar_math.
+_pow, _pow_special, _div = sm.pow, sm.pow_special, sm.div
+_exp_ieee, _log_ieee, _sigmoid = sm.exp, sm.log, sm.sigmoid
 
 
 def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
@@ -190,7 +135,7 @@ def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
     if x > 0:
         return out * _log(x)
     if x == 0:  # PyTorch: 0 for y >= 0 (the limit), out * log(0) = +-inf for y < 0
-        return 0.0 if y >= 0 else out * -_INF
+        return 0.0 if y >= 0 else out * -math.inf
     return _NAN
 
 
@@ -247,6 +192,8 @@ class Value:
             return self._arg[0]
         if c == POWC:
             return f"**{self._arg}"
+        if c == UNARY_FN:
+            return self._arg[0]
         return _OPNAMES[c]
 
     @property
@@ -725,10 +672,39 @@ def _run(order: Sequence[Value]) -> None:
                 a.grad += g
         elif c == 14:  # RPOWC: c ** x
             v._a.grad += _dy_of_pow(v._arg, v.data, v._a.data) * g
+        elif c == 15:  # UNARY_FN: a unary op added with unary()
+            v._a.grad += v._arg[1](v._a.data, v.data) * g
         elif c == 41:  # CUSTOM
             fn = v._arg[2]
             if fn is not None:
                 fn()
+
+
+def unary(name: str, forward: Callable[[Any], Any], derivative: Callable[[Any, Any], Any]) -> None:
+    """Give ``Value`` a new unary op in one place: ``x.<name>()`` is ``forward(x.data)``, and its
+    backward adds ``derivative(x.data, out.data) * grad`` to ``x.grad``.
+
+    This is how a new primitive op gets its scalar meaning (the reference, the scalar backend and
+    the fallback then use it by name).  The ops above are spelled out by hand only because they
+    are micrograd's hot path; a new op costs one dictionary-free branch in :func:`_run`.
+    """
+    if hasattr(Value, name):
+        raise ValueError(f"Value already has an attribute {name!r}")
+    arg = (name, derivative)
+
+    def op(self: Value) -> Value:
+        out = _new(Value)
+        out.data = forward(self.data)
+        out.grad = 0
+        out._mark = None
+        out._a = self
+        out._code = 15  # UNARY_FN
+        out._arg = arg
+        return out
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``{name}(x)`` (added with polygrad.value.unary)."
+    setattr(Value, name, op)
 
 
 def backward_many(outputs: Iterable[Value], grads: Iterable[Any]) -> None:

@@ -23,11 +23,10 @@ from . import init as _init
 from .layers import dropout
 from .module import Module
 
-__all__ = ["GCNConv", "GCN", "csr_to_tensor", "is_sparse"]
+__all__ = ["GCNConv", "GCN", "csr_to_tensor"]
 
 
-def is_sparse(x: Any) -> bool:
-    return getattr(x, "layout", "dense") != "dense"
+is_sparse = pg.is_sparse
 
 
 def _require(name: str) -> Callable[..., Any]:
@@ -165,8 +164,7 @@ class GCN(Module):
             # (Cora's is 1.3% dense) is converted to CSR once -- the decision and the sparse form
             # are cached on the tensor's storage -- so dropout touches only its nonzeros and x @ W
             # runs as an SpMM every epoch, instead of a fresh dense matrix being re-examined.
-            from polygrad.sparse import maybe_sparsify_for_matmul
-            sparse_x = maybe_sparsify_for_matmul(x, self.conv1.weight)
+            sparse_x = pg.maybe_sparsify_for_matmul(x, self.conv1.weight)
             if sparse_x is not None:
                 x = sparse_x
         if self.input_dropout:

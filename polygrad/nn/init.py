@@ -17,7 +17,6 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
-from polygrad.tensor import rng as _rng
 from polygrad.tensor import Tensor
 
 __all__ = ["INITS", "glorot_uniform", "kaiming_uniform", "micrograd_uniform", "uniform", "zeros", "make"]
@@ -36,7 +35,7 @@ def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
 
 def uniform(shape: tuple[int, ...], low: float, high: float, dtype: Any = None, backend: Any = None) -> Tensor:
     """U(low, high) samples from polygrad's generator."""
-    return _param(_rng().uniform(low, high, size=shape), dtype, backend)
+    return _param(pg.rng().uniform(low, high, size=shape), dtype, backend)
 
 
 def glorot_uniform(shape: tuple[int, ...], dtype: Any = None, backend: Any = None) -> Tensor:

@@ -7,7 +7,6 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.capture import fresh
-from polygrad.tensor import rng as _rng
 from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
 
@@ -97,7 +96,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     shape, dtype, backend = target.shape, target.dtype, target.backend
 
     def draw() -> Tensor:  # a compiled step (pg.compile) calls this again on every replay
-        keep = _rng().random(shape) >= p
+        keep = pg.rng().random(shape) >= p
         return pg.tensor((keep * scale).astype(dtype), backend=backend)
 
     mask = fresh(draw)

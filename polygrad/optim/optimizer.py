@@ -32,8 +32,7 @@ ParamGroup = dict[str, Any]
 Schedule = Callable[[int], float]
 
 
-def _is_sparse(t: Any) -> bool:
-    return getattr(t, "layout", "dense") != "dense"
+_is_sparse = pg.is_sparse
 
 
 def _leaf_of(p: Tensor) -> Tensor:
@@ -170,8 +169,8 @@ class Optimizer:
                         raise pg.errors.ShapeError(f"{type(self).__name__}: gradient of shape {grad.shape} "
                                                    f"for a parameter of shape {leaf.shape}")
                     fast = _fast(leaf) and _fast(grad) and grad.backend == leaf.backend
-                    x = leaf._data if fast else leaf
-                    g = grad._data if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
+                    x = leaf.array if fast else leaf
+                    g = grad.array if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
                     state = self.state.setdefault(id(p), {})
                     if state and homes.get(id(p)) is not leaf._be:
                         _follow(state, leaf, fast)  # the parameter moved (Module.to): its state follows
@@ -325,7 +324,7 @@ class Optimizer:
                         raise CheckpointError(f"{name}: state {sname!r} of parameter {key} is not finite "
                                               f"numbers ({arr.dtype}); it would poison the parameters")
                     t = pg.tensor(np.array(arr, dtype=leaf.dtype), backend=leaf.backend)
-                    entry[sname] = t._data if _fast(leaf) else t
+                    entry[sname] = t.array if _fast(leaf) else t
                 elif v is None or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
                                    and math.isfinite(v) and v >= 0):
                     entry[sname] = v  # e.g. Adam's per-parameter step count
@@ -347,16 +346,13 @@ class Optimizer:
 
 def _fast(t: Tensor) -> bool:
     """Whether ``t``'s storage is an array-API array (numpy, cupy) the update can work on directly."""
-    return not _is_sparse(t) and hasattr(t._data, "__array_namespace__")
+    return not _is_sparse(t) and hasattr(t.array, "__array_namespace__")
 
 
 def _write(leaf: Tensor, new: Any, fast: bool) -> None:
-    if not fast:
-        leaf.data = new
-        return
-    if new.dtype != leaf.dtype:
+    if fast and new.dtype != leaf.dtype:
         new = new.astype(leaf.dtype)
-    leaf._data = new
+    leaf.update_(new)
 
 
 def _follow(state: dict, leaf: Tensor, fast: bool) -> None:
@@ -366,7 +362,7 @@ def _follow(state: dict, leaf: Tensor, fast: bool) -> None:
         if isinstance(v, Tensor):
             if fast or v._be is not leaf._be:
                 state[key] = leaf._be.from_numpy(v.numpy()) if fast else v.to(leaf._be)
-        elif hasattr(v, "__array_namespace__") and not (fast and type(v) is type(leaf._data)):
+        elif hasattr(v, "__array_namespace__") and not (fast and type(v) is type(leaf.array)):
             host = pg.tensor(v).numpy()  # lands on the backend that owns v, which can read it back
             state[key] = leaf._be.from_numpy(host) if fast else pg.tensor(host, backend=leaf._be)
 

@@ -454,7 +454,8 @@ def iter_checks(ops: Iterable[Op | str] | None = None, layouts: Iterable[str] | 
             raise ValueError(f"unknown check {name!r}; known: {', '.join(CHECKS)}")
     for check in wanted_checks:
         for case in (bad_cases() if check == "errors" else cases()):
-            if (wanted_ops is None or case.op in wanted_ops) and (wanted_layouts is None or case.layout in wanted_layouts):
+            if ((wanted_ops is None or case.op in wanted_ops)
+                    and (wanted_layouts is None or case.layout in wanted_layouts)):
                 yield check, case
 
 

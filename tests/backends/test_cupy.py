@@ -516,10 +516,10 @@ def test_not_installed_reason_and_hint():
     be = CupyBackend(loader=loader)
     assert not be.is_available()
     reason = be.unavailable_reason()
-    assert reason.startswith("cupy not installed") and "pip install polygrad[cuda]" in reason
+    assert reason.startswith("cupy not installed") and "pip install polygrad-core[cuda]" in reason
     with pytest.raises(BackendUnavailableError) as err:
         be.modules()
-    assert str(err.value).count("pip install polygrad[cuda]") == 1
+    assert str(err.value).count("pip install polygrad-core[cuda]") == 1
     assert be.memory_available() is None
 
 
@@ -542,7 +542,7 @@ def test_no_device_reasons(kw, expect):
     be = CupyBackend(loader=lambda: fake_modules(**kw))
     assert not be.is_available()
     assert be.unavailable_reason().startswith(expect)
-    assert be.install_hint == "pip install polygrad[cuda]"
+    assert be.install_hint == "pip install polygrad-core[cuda]"
 
 
 def test_registry_lists_cupy_and_refuses_selection_with_reason():
@@ -554,7 +554,7 @@ def test_registry_lists_cupy_and_refuses_selection_with_reason():
     assert info.reason.startswith(("cupy not installed", "no CUDA device", "cupy failed to import"))
     with pytest.raises(BackendUnavailableError) as err:
         pg.set_backend("cupy")
-    assert info.reason in str(err.value) and "pip install polygrad[cuda]" in str(err.value)
+    assert info.reason in str(err.value) and "pip install polygrad-core[cuda]" in str(err.value)
     with pytest.raises(BackendUnavailableError):
         pg.tensor([1.0]).to("cupy")
 
@@ -578,7 +578,7 @@ def test_module_imports_without_cupy_and_reports_it():
     first, err = r.stdout.splitlines()[:2]
     assert first.startswith("False cupy not installed")
     assert err.startswith("ERR backend 'cupy' is not available: cupy not installed")
-    assert err.count("pip install polygrad[cuda]") == 1
+    assert err.count("pip install polygrad-core[cuda]") == 1
 
 
 def test_using_polygrad_does_not_import_cupy():
@@ -693,7 +693,8 @@ def test_out_of_memory_goes_through_fallback_chain_to_numpy(monkeypatch):
     install_as_cupy(monkeypatch, CupyBackend(loader=lambda: fake_modules(cusparse=FakeCusparse(raise_exc=oom))))
     # scalar decomposition is forbidden: only the numpy link of the chain can serve the op
     monkeypatch.setattr(pg.config, "scalar_fallback_max_elements", 0)
-    monkeypatch.setattr(pg.config, "fallback_chain", {"cupy": ["numpy"]})
+    assert CupyBackend.fallback_chain == ("numpy",)  # the backend's own chain: no config needed
+    assert pg.config.fallback_chain.get("cupy") is None
     seen = []
 
     class Listener:
@@ -715,7 +716,7 @@ def test_out_of_memory_goes_through_fallback_chain_to_numpy(monkeypatch):
         assert seen == [("spmm", "cupy", "csr", FakeOutOfMemoryError)]
         assert pg.stats()["fallbacks"] == {"spmm/cupy/csr": 1}
         # without the numpy link (and no scalar decomposition) the op fails loudly, naming the OOM
-        monkeypatch.setattr(pg.config, "fallback_chain", {})
+        monkeypatch.setattr(pg.config, "fallback_chain", {"cupy": []})
         with pytest.raises(BackendError, match="OutOfMemoryError"):
             spmm(pg.tensor(vals, backend="cupy"), pg.tensor(x, backend="cupy"), p)
     finally:

@@ -71,7 +71,7 @@ def test_missing_graphviz_gives_install_hint(monkeypatch):
 
 
 def test_draw_graph_returns_digraph_and_saves_dot(tmp_path):
-    graphviz = pytest.importorskip("graphviz", reason="graphviz (polygrad[viz]) not installed")
+    graphviz = pytest.importorskip("graphviz", reason="graphviz (polygrad-core[viz]) not installed")
     dot = pg.draw_graph(small_graph())
     assert isinstance(dot, graphviz.Digraph)
     src = dot.source
@@ -81,7 +81,7 @@ def test_draw_graph_returns_digraph_and_saves_dot(tmp_path):
 
 
 def test_save_graph_svg_needs_dot_program(tmp_path):
-    pytest.importorskip("graphviz", reason="graphviz (polygrad[viz]) not installed")
+    pytest.importorskip("graphviz", reason="graphviz (polygrad-core[viz]) not installed")
     target = tmp_path / "g.svg"
     if shutil.which("dot") is None:
         with pytest.raises(PolygradError, match="`dot` program is not installed"):

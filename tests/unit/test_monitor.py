@@ -49,7 +49,7 @@ def test_records_ops_sparse_density_grad_norm_and_memory():
     assert rec.ops[("matmul", "numpy", "dense")] >= 2   # forward and backward
     s = rec.sparse["spmm/csr 4x5"]
     assert s.nnz == p.nnz and s.calls == 1
-    if (pg.Op.SPMM, "csr") not in registry.vjp_tables.get("numpy", {}):
+    if pg.get_kernel("numpy", pg.Op.SPMM, "csr", kind="vjp") is None:
         assert rec.sparse["spmm/csr 5x4"].calls == 1       # the backward's Aᵀ @ dY, through dispatch
     assert s.density == pytest.approx(p.nnz / (p.shape[0] * p.shape[1]))
     assert rec.grad_norm == pytest.approx(np.linalg.norm(w.grad.numpy()))

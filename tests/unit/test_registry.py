@@ -17,7 +17,7 @@ def test_builtin_backends_are_listed_with_their_distribution():
     infos = {b.name: b for b in pg.list_backends()}
     for name in ("scalar", "numpy"):
         assert infos[name].available and infos[name].reason == ""
-        assert infos[name].origin == "polygrad"
+        assert infos[name].origin == "polygrad-core"  # the distribution, not the import name
     assert "cupy" in infos  # listed even where it cannot run, with the reason
     if not infos["cupy"].available:
         assert infos["cupy"].reason

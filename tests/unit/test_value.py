@@ -19,7 +19,7 @@ from polygrad.value import Value, backward_many
 
 requires_micrograd = pytest.mark.skipif(
     importlib.util.find_spec("micrograd") is None,
-    reason="micrograd not installed (pip install micrograd, or pip install polygrad[bench])",
+    reason="micrograd not installed (pip install micrograd, or pip install polygrad-core[bench])",
 )
 
 
