@@ -7,6 +7,7 @@
     polygrad demo gat | sage [--sampled]      the same flags as gcn
     polygrad demo gin [--epochs N] [--seed S] [--runs N] [--json] ...   graph classification
     polygrad check ...                         the backend conformance kit (polygrad.testing)
+    polygrad bench                             says where the benchmarks are (python -m benchmarks)
 
 Exit status: 0 on success, 1 when the command ran and failed (a polygrad error: missing dataset,
 unavailable backend, ...), 2 for usage errors and missing optional pieces.  Errors are one line
@@ -133,7 +134,7 @@ def _check_graph_path(path: str | None) -> None:
         return  # DOT text: no graphviz needed
     if importlib.util.find_spec("graphviz") is None:
         raise MissingExtraError(f"--graph {path} renders an image, which needs the graphviz Python package "
-                                "(pip install graphviz, or pip install 'polygrad[viz]'); --graph FILE.gv "
+                                "(pip install graphviz, or pip install 'polygrad-core[viz]'); --graph FILE.gv "
                                 "writes DOT text without it")
     if shutil.which("dot") is None:
         raise MissingExtraError(f"--graph {path} renders an image, which needs graphviz's `dot` program "
@@ -205,6 +206,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 # check
 # ----------------------------------------------------------------------------------------------
+
+BENCH_MOVED = ("the benchmarks live in the source checkout, not in the installed package: run "
+               "`python -m benchmarks --list` (or `python -m benchmarks NAME`) from the checkout's root")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``polygrad bench`` says where the benchmarks are.  It imports nothing: running code found in
+    the current directory (as it once did) would run whatever a ``benchmarks/`` folder there holds."""
+    print(f"polygrad bench: {BENCH_MOVED}", file=sys.stderr)
+    return 2
+
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Hand over to the conformance kit, imported only now (it pulls in pytest machinery)."""
@@ -342,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.set_defaults(func=cmd_demo)
 
     # The conformance kit owns its own options: everything after `check` is passed to it as is.
+    b = sub.add_parser("bench", help="where the benchmarks are (python -m benchmarks, in a checkout)",
+                       description=f"polygrad bench: {BENCH_MOVED}.")
+    b.add_argument("name", nargs="?", help=argparse.SUPPRESS)  # the old usage, answered with where to go
+    for flag in ("--list", "--quick", "--json-only"):
+        b.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    b.set_defaults(func=cmd_bench)
     c = sub.add_parser("check", help="run the backend conformance kit (polygrad.testing.conformance)",
                        add_help=False)
     c.add_argument("check_args", nargs=argparse.REMAINDER)

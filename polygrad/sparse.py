@@ -236,6 +236,16 @@ class SparseTensor(Tensor):
                              f"nnz={pattern.nnz} entries, got {values.shape}")
         return cls._wrap(pattern, values)
 
+    def __reduce__(self):
+        """Pickle as the pattern (CSR arrays), values, layout, backend name, ``requires_grad``,
+        ``.grad`` and name; unpickling validates through :func:`sparse_csr` (see
+        :meth:`Tensor.__reduce__`)."""
+        p, grad = self.pattern, self.grad
+        sparse_grad = None if grad is None else grad.values.numpy().copy()
+        return (_rebuild_sparse, (tuple(self.shape), np.array(p.indptr), np.array(p.cols),
+                                  self.values.numpy().copy(), self.layout, self.backend,
+                                  bool(self.requires_grad), sparse_grad, self.name))
+
     # -- what the dense Tensor keeps in slots, a sparse one derives from its values ---------------
     @property
     def values(self) -> Tensor:
@@ -717,6 +727,17 @@ def sparse_csr(indptr: Any, indices: Any, values: Any, shape: Sequence[int], dty
     sp = _coalesce(op, (n, m), rows, np.ascontiguousarray(cols, dtype=np.int64), vals,
                    "csr" if layout == "auto" else layout)
     return _finish(op, sp, requires_grad, layout)
+
+
+def _rebuild_sparse(shape: tuple, indptr: np.ndarray, cols: np.ndarray, values: np.ndarray, layout: str,
+                    backend: str, requires_grad: bool, grad: Any, name: Any) -> SparseTensor:
+    """Unpickle a sparse tensor (:meth:`SparseTensor.__reduce__`)."""
+    t = sparse_csr(indptr, cols, values, shape, backend=backend, layout=layout, allow_nonfinite=True,
+                   requires_grad=requires_grad and values.dtype.kind == "f")
+    if grad is not None:
+        t.grad = sparse_csr(indptr, cols, grad, shape, backend=backend, layout=layout, allow_nonfinite=True)
+    t.name = name
+    return t
 
 
 def from_edge_index(edge_index: Any, num_nodes: int | None = None, values: Any = None, *, dtype: Any = None,

@@ -173,9 +173,15 @@ class Tensor(TensorBase):
         return dlpack_source(self).__dlpack_device__()
 
     def __reduce__(self):
-        """Pickle as values + backend name (+ requires_grad, grad, name); see polygrad.pickling."""
-        from .pickling import reduce_tensor
-        return reduce_tensor(self)
+        """Pickle (``pickle``, ``copy.deepcopy``, multiprocessing) as values, the backend's *name*,
+        ``requires_grad``, ``.grad`` and the name -- never the backend object (whose kernels are
+        local functions) nor the autodiff graph: an unpickled tensor is a leaf, like a checkpointed
+        one.  Unpickling goes through :func:`tensor`, so it is validated like any construction
+        (pickle itself can run code: unpickle only what you trust; ``pg.load`` is the safe format)."""
+        grad = self.grad
+        if grad is not None:
+            grad = (grad.to_dense() if grad.layout != "dense" else grad).numpy().copy()
+        return (_rebuild_tensor, (self.numpy().copy(), self.backend, bool(self.requires_grad), grad, self.name))
 
     def tolist(self):
         return self.numpy().tolist()
@@ -391,6 +397,15 @@ def _floating(t: Tensor) -> Tensor:
 
 
 # -- construction -------------------------------------------------------------------------------------
+
+def _rebuild_tensor(array: np.ndarray, backend: str, requires_grad: bool, grad: Any, name: Any) -> Tensor:
+    """Unpickle a dense tensor (:meth:`Tensor.__reduce__`)."""
+    t = tensor(array, backend=backend, requires_grad=requires_grad and array.dtype.kind == "f")
+    if grad is not None:
+        t.grad = tensor(grad, backend=backend)
+    t.name = name
+    return t
+
 
 def tensor_from_numpy(array: np.ndarray, be) -> Tensor:
     data = be.from_numpy(array)

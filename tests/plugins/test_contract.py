@@ -193,7 +193,7 @@ class BoxBackend(pg.Backend):
 
 
 def test_pg_tensor_of_an_array_a_backend_owns_lands_on_that_backend():
-    plugin = type("Plugin", (), {"polygrad_backends": staticmethod(lambda: [BoxBackend()])})()
+    plugin = type("Plugin", (), {"polygrad_backends": staticmethod(pg.hookimpl(lambda: [BoxBackend()]))})()
     pg.register_plugin(plugin, name="contract-box-plugin")
     try:
         t = pg.tensor(Boxed(np.array([1.0, -2.0])))
