@@ -49,7 +49,8 @@ from .sparse import maybe_sparsify_for_matmul  # noqa: E402  (the layout policy,
 
 __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
-    "argmax", "argmin", "backward", "bool_", "from_numpy", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
+    "argmax", "argmin", "backward", "bool_", "from_numpy", "cat", "clip", "concat", "config", "cross_entropy",
+    "default_float",
     "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
     "from_dlpack", "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",

@@ -62,7 +62,8 @@ def train_node_model(build: Callable[[], tuple[nn.Module, Any]], ds: pdata.Graph
 
     def loss_fn():
         logits = model(x, ds.edge_index)
-        return nn.cross_entropy(logits, ds.y, mask=ds.train_mask), {"train_acc": nn.accuracy(logits, ds.y, ds.train_mask)}
+        loss = nn.cross_entropy(logits, ds.y, mask=ds.train_mask)
+        return loss, {"train_acc": nn.accuracy(logits, ds.y, ds.train_mask)}
 
     def callback(rec: EpochRecord) -> Any:
         curves["loss"].append(rec.loss)
@@ -245,7 +246,8 @@ def run_gin(backend: str | None = None, epochs: int = 50, seed: int = 0, runs: i
                             correct += int((logits.numpy().argmax(1) == b.y).sum())
                         epoch_times.append(time.perf_counter() - t0)
                         rec = EpochRecord(epoch=epoch, epochs=epochs, loss=float(np.mean(losses)), lr=opt.current_lr(),
-                                          rolled_back=False, seconds=epoch_times[-1], metrics={"train_acc": correct / len(train)})
+                                          rolled_back=False, seconds=epoch_times[-1],
+                                          metrics={"train_acc": correct / len(train)})
                         curves["loss"].append(rec.loss)
                         curves["train_acc"].append(rec.metrics["train_acc"])
                         bar.update(loss=rec.loss, acc=rec.metrics["train_acc"], mem_mb=round(rss_mb(), 1))

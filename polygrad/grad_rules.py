@@ -12,7 +12,8 @@ Subgradient conventions (fixed here, and mirrored by the scalar reference):
     maximum passes the whole gradient to both, a NaN max goes to the NaN elements (PyTorch);
   * pow: d(a ** b)/da = 0 where b == 0, d(a ** b)/db = 0 where a == 0 and b >= 0 (PyTorch);
   * clip/clamp passes the whole gradient at its bounds (tensor.clip is written with where).
-The edge points are checked against PyTorch's values by ``polygrad.testing.edges`` (the conformance kit's edge-point set).
+The edge points are checked against PyTorch's values by ``polygrad.testing.edges`` (the
+conformance kit's edge-point set).
 """
 from __future__ import annotations
 

@@ -186,7 +186,8 @@ class StepRecord:
             "backward_seconds": self.backward_seconds, "rss_bytes": self.rss_bytes,
             "peak_rss_bytes": self.peak_rss_bytes, "gpu_bytes": self.gpu_bytes,
             "layouts": dict(self.layouts), "layout_reasons": dict(self.layout_reasons),
-            "fallbacks": dict(self.fallbacks), "nan_ops": dict(self.nan_ops), "warnings": list(self.warnings), "seconds": self.seconds,
+            "fallbacks": dict(self.fallbacks), "nan_ops": dict(self.nan_ops), "warnings": list(self.warnings),
+            "seconds": self.seconds,
         }
 
 

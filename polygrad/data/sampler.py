@@ -111,7 +111,8 @@ class NeighborSampler:
         """The sampled sub-graph around ``seeds`` (global ids, distinct)."""
         seeds = np.asarray(seeds)
         if seeds.ndim != 1 or (seeds.size and seeds.dtype.kind not in "iu"):
-            raise DataError(f"NeighborSampler.sample: seeds must be 1-D integer node ids, got {seeds.dtype} {seeds.shape}")
+            raise DataError(f"NeighborSampler.sample: seeds must be 1-D integer node ids, "
+                            f"got {seeds.dtype} {seeds.shape}")
         seeds = seeds.astype(np.int64, copy=False)
         if seeds.size and (seeds.min() < 0 or seeds.max() >= self.num_nodes):
             raise DataError(f"NeighborSampler.sample: seeds outside [0, {self.num_nodes})")

@@ -5,7 +5,8 @@ Same classes, arguments, random draws and numbers as micrograd's ``nn``:
 * ``Neuron(nin, nonlin=True)``: weights ``Value(random.uniform(-1, 1))`` drawn one by one from
   Python's global ``random`` (so ``random.seed`` reproduces micrograd's initialisation), bias
   ``Value(0)``; ``n(x) = relu(b + w0*x0 + w1*x1 + ...)`` summed left to right from the bias, as
-  micrograd's ``sum(..., self.b)`` (one n-ary node, same additions in the same order); ``nonlin=False`` leaves out the ReLU.
+  micrograd's ``sum(..., self.b)`` (one n-ary node, same additions in the same order);
+  ``nonlin=False`` leaves out the ReLU.
 * ``Layer(nin, nout, **kwargs)``: ``nout`` neurons; a layer of one neuron returns the Value
   itself, not a one-element list (micrograd's convention, which ``MLP(..., [.., 1])`` relies on).
 * ``MLP(nin, nouts)``: ReLU layers, the last one linear.

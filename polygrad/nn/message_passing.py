@@ -84,7 +84,8 @@ class GraphCache:
         else:
             ei = graph.numpy() if isinstance(graph, Tensor) else np.asarray(graph)
             if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
-                raise ShapeError(f"message passing: edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
+                raise ShapeError(f"message passing: edge_index must be an integer array [2, E], "
+                                 f"got {ei.dtype} {ei.shape}")
             ei = ei.astype(np.int64, copy=False)
             if self.self_loops:
                 if ei.size and (ei.min() < 0 or ei.max() >= num_nodes):

@@ -151,7 +151,8 @@ class ReduceLROnPlateau:
         n = len(optimizer.param_groups)
         if isinstance(min_lr, (list, tuple)):
             if len(min_lr) != n:
-                raise ValueError(f"ReduceLROnPlateau: expected {n} min_lrs (one per parameter group), got {len(min_lr)}")
+                raise ValueError(f"ReduceLROnPlateau: expected {n} min_lrs (one per parameter group), "
+                                 f"got {len(min_lr)}")
             self.min_lrs = [float(m) for m in min_lr]
         else:
             self.min_lrs = [float(min_lr)] * n

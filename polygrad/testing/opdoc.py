@@ -117,7 +117,8 @@ SPECS: dict[Op, OpSpec] = {
                        edges=_ELEMENTWISE_EDGES + (
                            "NaN in either operand gives NaN (numpy's maximum, not fmax).",
                            "On a tie the gradient is split 0.5 / 0.5 between a and b."),
-                       examples=(Example("NaN propagates", (np.array([1.0, np.nan, 3.0]), np.array([2.0, 0.0, 3.0]))),)),
+                       examples=(Example("NaN propagates",
+                                         (np.array([1.0, np.nan, 3.0]), np.array([2.0, 0.0, 3.0]))),)),
     **{op: OpSpec(f"Elementwise comparison `{sym}`", "a, b", output="broadcast shape; dtype bool",
                   edges=_ELEMENTWISE_EDGES + ("No gradient: the output never requires grad.",
                                               "Comparisons with NaN are False, except `ne` which is True."),
@@ -151,7 +152,8 @@ SPECS: dict[Op, OpSpec] = {
                           "Ties share the gradient equally among the maximal elements."),
                    examples=(Example("per row", (np.array([[1.0, 5.0], [7.0, -1.0]]),),
                                      {"axes": (1,), "keepdims": False}),
-                             Example("empty axis is an error", (np.zeros((2, 0)),), {"axes": (1,), "keepdims": False}))),
+                             Example("empty axis is an error", (np.zeros((2, 0)),),
+                                     {"axes": (1,), "keepdims": False}))),
     Op.RESHAPE: OpSpec("Same elements, row-major, new shape", "x",
                        attrs=(("shape", "tuple[int, ...]", "the target shape, fully resolved (no -1)"),),
                        output="`shape`; dtype of x",
@@ -326,7 +328,8 @@ def render() -> str:
         for name, typ, meaning in spec.attrs:
             out.append(f"- **attr `{name}`** (`{typ}`): {meaning}")
         out.append(f"- **output**: {spec.output}")
-        out.append(f"- **layouts**: {'csr and coo (the same canonical pattern; `layout` is a label)' if op in SPARSE else 'dense'}")
+        layouts = "csr and coo (the same canonical pattern; `layout` is a label)" if op in SPARSE else "dense"
+        out.append(f"- **layouts**: {layouts}")
         out.append("- **gradient**: " + ("none (the output never requires grad)" if op in NON_DIFFERENTIABLE
                                          else "from the rule in `polygrad/grad_rules.py`; no kernel needed"))
         if spec.edges:
