@@ -84,11 +84,16 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         # deterministic and far faster than ufunc.at
         if (len(idx) == 1 and getattr(idx[0], "ndim", 0) == 1 and src.ndim == len(shape)
                 and src.shape == (idx[0].shape[0],) + tuple(shape[1:])):
-            rows = idx[0] % shape[0] if shape[0] else idx[0]
+            rows = idx[0]
+            if shape[0] and rows.shape[0] and int(rows.min()) < 0:
+                rows = rows % shape[0]  # negative indices count from the end (checked by inference)
             width = 1
             for n in shape[1:]:
                 width *= n
             flat = src.reshape(src.shape[0], width)
+            if src.dtype.kind == "f" and width == 1:  # a vector: no linearised index needed
+                summed = xp.bincount(rows, weights=flat.reshape(-1).astype(xp.float64), minlength=shape[0])
+                return summed.astype(src.dtype).reshape(shape)
             if src.dtype.kind == "f" and width:
                 cols = xp.arange(width)
                 lin = (rows[:, None] * width + cols[None, :]).ravel()

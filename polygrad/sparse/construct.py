@@ -104,41 +104,15 @@ def _values_tensor(op: str, values: Any, nnz: int, dtype: Any, backend: Any, all
     return vals
 
 
-def _indptr_of(rows: np.ndarray, n: int) -> np.ndarray:
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    if rows.size:
-        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return indptr
-
-
-def _pattern_sorted(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray, layout: str) -> Pattern:
-    """A Pattern from row-major sorted, duplicate-free int64 rows / cols."""
-    return Pattern(shape, _indptr_of(rows, shape[0]), cols, layout, rows=rows)
-
-
 def _coalesce(op: str, shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray, values: Tensor,
               layout: str) -> SparseTensor:
-    """Canonical form: sort row-major (stable), sum duplicates in input order.  Vectorised."""
-    nnz = rows.shape[0]
-    if nnz > 1:
-        dr = np.diff(rows)
-        ordered = (dr > 0) | ((dr == 0) & (np.diff(cols) > 0))
-        if not ordered.all():
-            order = np.lexsort((cols, rows))  # stable: duplicates keep their input order
-            r, c = rows[order], cols[order]
-            first = np.empty(nnz, dtype=bool)
-            first[0] = True
-            np.not_equal(r[1:], r[:-1], out=first[1:])
-            first[1:] |= c[1:] != c[:-1]
-            if first.all():
-                values = values[order]
-            else:  # duplicates: each input entry is added into its slot (bincount: deterministic)
-                slot = np.empty(nnz, dtype=np.int64)
-                slot[order] = np.cumsum(first) - 1
-                values = index_add(values, (slot,), (int(first.sum()),))
-                r, c = r[first], c[first]
-            rows, cols = np.ascontiguousarray(r), np.ascontiguousarray(c)
-    return SparseTensor._wrap(_pattern_sorted(shape, rows, cols, layout), values)
+    """Canonical form: sorted row-major, duplicates summed (in input order, deterministically)."""
+    pattern, perm, slot = Pattern.from_coo(shape, rows, cols, layout)
+    if perm is not None:
+        values = values[perm]
+    elif slot is not None:  # each input entry is added into its slot (bincount: deterministic)
+        values = index_add(values, (slot,), (pattern.nnz,))
+    return SparseTensor._wrap(pattern, values)
 
 
 def _finish(op: str, sp: SparseTensor, requires_grad: bool, layout: str) -> Tensor:
@@ -277,7 +251,7 @@ def _nonzero_sparse(t: Tensor, layout: str) -> SparseTensor:
     rows, cols = np.nonzero(host)  # row-major order: already canonical
     rows = rows.astype(np.int64, copy=False)
     cols = cols.astype(np.int64, copy=False)
-    pattern = _pattern_sorted((n, m), rows, cols, layout)
+    pattern = Pattern.from_sorted((n, m), rows, cols, layout)
     if t.requires_grad and is_grad_enabled():
         values = t.reshape(n * m)[rows * m + cols]
     else:
@@ -353,9 +327,15 @@ def union_pattern(p: Pattern, q: Pattern) -> tuple[Pattern, np.ndarray, np.ndarr
         raise ShapeError(f"union_pattern: shapes {p.shape} and {q.shape} differ")
     kp, kq = _keys(p), _keys(q)
     if kp is not None and kq is not None:
-        u = np.union1d(kp, kq)
+        merged = np.concatenate([kp, kq])
+        merged.sort(kind="stable")  # timsort on two sorted runs: one linear merge
+        first = np.empty(merged.shape[0], dtype=bool)
+        first[:1] = True
+        np.not_equal(merged[1:], merged[:-1], out=first[1:])
+        u = merged[first]
+        del merged, first
         rows, cols = np.divmod(u, p.shape[1]) if p.shape[1] else (u, u)
-        pattern = _pattern_sorted(p.shape, rows, cols, p.layout)
+        pattern = Pattern.from_sorted(p.shape, rows, cols, p.layout)
         return pattern, np.searchsorted(u, kp), np.searchsorted(u, kq)
     # keys would overflow int64: lexicographic merge on (row, col)
     rows = np.concatenate([p.rows, q.rows])
@@ -366,7 +346,7 @@ def union_pattern(p: Pattern, q: Pattern) -> tuple[Pattern, np.ndarray, np.ndarr
     first[1:] = (r[1:] != r[:-1]) | (c[1:] != c[:-1])
     slot = np.empty(r.shape[0], dtype=np.int64)
     slot[order] = np.cumsum(first) - 1
-    pattern = _pattern_sorted(p.shape, r[first], c[first], p.layout)
+    pattern = Pattern.from_sorted(p.shape, r[first], c[first], p.layout)
     return pattern, slot[:p.nnz], slot[p.nnz:]
 
 
@@ -388,7 +368,7 @@ def intersect_pattern(p: Pattern, q: Pattern) -> tuple[Pattern, np.ndarray, np.n
         iq = np.maximum(first, second) - p.nnz
     ip = ip.astype(np.int64, copy=False)
     iq = iq.astype(np.int64, copy=False)
-    pattern = _pattern_sorted(p.shape, p.rows[ip], p.cols[ip], p.layout)
+    pattern = Pattern.from_sorted(p.shape, p.rows[ip], p.cols[ip], p.layout)
     return pattern, ip, iq
 
 

@@ -7,9 +7,8 @@ import numpy as np
 
 from ..dtypes import default_float
 from ..errors import ShapeError
-from ..pattern import Pattern
 from ..tensor import segment_sum, tensor_from_numpy, where
-from .construct import _scatter, union_pattern
+from .construct import _scatter
 from .sparse_tensor import SparseTensor, _as_sparse, _describe
 
 
@@ -38,16 +37,9 @@ def add_self_loops(a: Any, fill_value: float = 1.0, mode: str = "add") -> Sparse
     n, m = a.shape
     if n != m:
         raise ShapeError(f"{op}: needs a square matrix, got {_describe(a)}")
-    loops = np.arange(n, dtype=np.int64)
-    diag = Pattern((n, n), np.arange(n + 1, dtype=np.int64), loops, a.layout, rows=loops)
-    pattern, pa, pd = union_pattern(a.pattern, diag)
+    pattern, pa, pd, had_diag = a.pattern.union_diagonal()
     fill = np.zeros(pattern.nnz, dtype=_diag_fill_dtype(a, fill_value))
-    if mode == "add":
-        fill[pd] = fill_value
-    else:
-        present = np.zeros(pattern.nnz, dtype=bool)
-        present[pa] = True
-        fill[pd[~present[pd]]] = fill_value
+    fill[pd if mode == "add" else pd[~had_diag]] = fill_value
     values = _scatter(a._values, pa, pattern.nnz) + tensor_from_numpy(fill, a._be)
     return SparseTensor._wrap(pattern, values)
 

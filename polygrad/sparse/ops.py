@@ -15,7 +15,8 @@ from ..tensor import Tensor, spmm
 # the dense ops (polygrad's package namespace rebinds the name "tensor" to the function, so import
 # them by name rather than through the module)
 from ..tensor import add as _dense_add, div as _dense_div, pow as _dense_pow
-from .construct import _coalesce, _pattern_sorted, _scatter, intersect_pattern, union_pattern
+from ..pattern import Pattern
+from .construct import _coalesce, _scatter, intersect_pattern, union_pattern
 from .sparse_tensor import SparseTensor, _dense_operand, _describe, _gather_dense, to_dense, transpose
 
 
@@ -172,6 +173,6 @@ def _spgemm(a: SparseTensor, b: SparseTensor) -> SparseTensor:
     rows, cols = pa.rows[ia], pb.cols[ib]
     products = a._values[ia] * b._values[ib]
     if total == 0:
-        return SparseTensor._wrap(_pattern_sorted((n, m), rows, cols, a.layout), products)
+        return SparseTensor._wrap(Pattern.from_sorted((n, m), rows, cols, a.layout), products)
     return _coalesce("matmul", (n, m), rows, cols, products, a.layout)
 
