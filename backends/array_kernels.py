@@ -186,17 +186,28 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         return out.reshape(n) if squeeze else out
 
     def sddmm(p, q, *, pattern):
-        _, rows, cols = pattern_arrays(pattern)
-        nnz, f = pattern.nnz, p.shape[1]
+        # Row blocks in CSR order, each at most SPARSE_CHUNK_ELEMENTS gathered elements (one
+        # cache-resident block, never nnz x F): Q's rows at the block's columns are gathered into
+        # a reused buffer, P's rows repeated per nonzero (a contiguous copy, no random gather).
+        indptr, _, cols = pattern_arrays(pattern)
+        n, nnz, f = pattern.shape[0], pattern.nnz, p.shape[1]
         dtype = xp.result_type(p.dtype, q.dtype)
-        out = xp.empty((nnz,), dtype=dtype)
-        if f == 0:
-            out[...] = 0
+        out = xp.zeros((nnz,), dtype=dtype)
+        if f == 0 or nnz == 0:
             return out
+        p2 = xp.ascontiguousarray(p, dtype=dtype)
+        q2 = xp.ascontiguousarray(q, dtype=dtype)
         step = max(1, SPARSE_CHUNK_ELEMENTS // f)
-        for lo in range(0, nnz, step):
-            hi = min(nnz, lo + step)
-            out[lo:hi] = xp.einsum("ij,ij->i", p[rows[lo:hi]], q[cols[lo:hi]])
+        buf = xp.empty((step, f), dtype=dtype)
+        for r0, r1, lo, hi in row_chunks(indptr, n, step):
+            k = hi - lo
+            if k == 0:
+                continue
+            block = buf[:k] if k <= step else xp.empty((k, f), dtype=dtype)
+            take(q2, cols[lo:hi], block)
+            counts = indptr[r0 + 1:r1 + 1] - indptr[r0:r1]
+            block *= xp.repeat(p2[r0:r1], counts, axis=0)
+            block.sum(axis=1, out=out[lo:hi])
         return out
 
     k: dict[Op, Callable] = {
@@ -210,11 +221,11 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: xp.matmul,
     }
     table = {(op, "dense"): fn for op, fn in k.items()}
-    for layout in ("csr", "coo"):
-        table[(Op.SPMM, layout)] = spmm
-        table[(Op.SDDMM, layout)] = sddmm
-        table[(Op.SEGMENT_SUM, layout)] = segment_sum
-        table[(Op.SEGMENT_MAX, layout)] = segment_max
+    # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+    table[(Op.SPMM, "csr")] = spmm
+    table[(Op.SDDMM, "csr")] = sddmm
+    table[(Op.SEGMENT_SUM, "csr")] = segment_sum
+    table[(Op.SEGMENT_MAX, "csr")] = segment_max
     return table
 
 

@@ -1,20 +1,63 @@
-"""The NumPy backend: vectorised CPU kernels from the shared array-namespace module."""
+"""The NumPy backend: vectorised CPU kernels from the shared array-namespace module, with scipy's
+compiled CSR kernels where they are faster.
+
+scipy is a core dependency: its ``sparsetools`` (the C++ routines behind ``csr_matrix @ X``) run
+SpMM -- forward ``A @ X`` and the backward ``Aᵀ @ dY`` on the pattern's cached transpose -- in
+one compiled pass over the nonzeros, 3-4x faster than gather + ``add.reduceat`` in numpy.  The
+routine is called directly on the pattern's own int64 index arrays: no ``csr_matrix`` is built,
+no index array is copied or re-validated per call.  The pure-numpy kernel stays the reference
+(``array_kernels.make_kernels``) and serves the dtypes sparsetools lacks (float16, ...).
+"""
 from __future__ import annotations
 
 import numpy as np
+from scipy.sparse import _sparsetools
 
 import polygrad as pg
+from polygrad.ops import Op
 
 from .array_kernels import make_kernels
+
+#: dtypes the compiled SpMM covers; any other result dtype runs the shared numpy kernel
+COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def compiled_spmm(fallback):
+    """SpMM on scipy's compiled CSR kernel; ``fallback`` (the shared kernel) for other dtypes."""
+
+    def spmm(values, x, *, pattern):
+        dtype = np.result_type(values.dtype, x.dtype)
+        if dtype not in COMPILED_DTYPES:
+            return fallback(values, x, pattern=pattern)
+        n, m = pattern.shape
+        vals = np.ascontiguousarray(values, dtype=dtype)
+        if x.ndim == 1:
+            out = np.zeros(n, dtype=dtype)
+            if pattern.nnz:
+                _sparsetools.csr_matvec(n, m, pattern.indptr, pattern.cols, vals,
+                                        np.ascontiguousarray(x, dtype=dtype), out)
+            return out
+        f = x.shape[1]
+        out = np.zeros((n, f), dtype=dtype)
+        if pattern.nnz and f:
+            x2 = np.ascontiguousarray(x, dtype=dtype)
+            _sparsetools.csr_matvecs(n, m, f, pattern.indptr, pattern.cols, vals, x2.ravel(), out.ravel())
+        return out
+
+    # Break-even densities (at F=16, at F=1433) below which this SpMM beats a dense matmul: those the
+    # polygrad-scipy plugin measured for the same compiled kernel (17-32% and 6-8%; the low ends kept)
+    spmm.polygrad_break_even = (0.17, 0.06)  # type: ignore[attr-defined]
+    return spmm
 
 
 class NumpyBackend(pg.Backend):
     name = "numpy"
-    description = "vectorised CPU kernels on numpy arrays"
+    description = "vectorised CPU kernels on numpy arrays; scipy's compiled CSR SpMM"
 
     def __init__(self) -> None:
         super().__init__()
         self.kernels = make_kernels(np)
+        self.kernels[(Op.SPMM, "csr")] = compiled_spmm(self.kernels[(Op.SPMM, "csr")])
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array

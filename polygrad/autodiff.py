@@ -15,7 +15,7 @@ from . import grad_rules
 from .dispatch import _grad_enabled, registry
 from .errors import DTypeError, GraphError, ShapeError
 from .graph import toposort
-from .ops import Op
+from .ops import Op, kernel_key
 from .value import Value
 from .value import _run as value_run
 from .value import _toposort as value_toposort
@@ -205,7 +205,7 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                 in_grads = None
                 if not create_graph:
                     fused = vjp_tables.get(node.backend.name)
-                    kernel = fused.get((node.op, node.layout)) if fused else None
+                    kernel = fused.get(kernel_key(node.op, node.layout)) if fused else None
                     if kernel is not None:
                         in_grads = _fused_vjp(node, kernel, t, g)
                 if in_grads is None:

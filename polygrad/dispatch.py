@@ -30,7 +30,7 @@ from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from .graph import Node
 from .inference import _RULES as _infer_rules
-from .ops import NON_DIFFERENTIABLE, SPARSE, Op
+from .ops import NON_DIFFERENTIABLE, SPARSE, Op, kernel_key
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
@@ -87,10 +87,7 @@ def _mixed(op: Op, inputs: tuple) -> MixedBackendError:
 
 def _kernel(be, op: Op, layout: str):
     table = registry.tables.get(be.name, EMPTY)
-    kernel = table.get((op, layout))
-    if kernel is None and layout == "coo":
-        kernel = table.get((op, "csr"))  # both layouts share the canonical storage
-    return kernel
+    return table.get(kernel_key(op, layout))
 
 
 def run_kernel(be, op: Op, layout: str, arrays: list, attrs: dict, shape: tuple, dtype) -> Any:

@@ -23,7 +23,7 @@ import pluggy
 from . import hookspecs
 from .backend import Backend, KernelOverride
 from .errors import BackendUnavailableError
-from .ops import Op
+from .ops import Op, kernel_key
 
 ENTRY_POINT_GROUP = "polygrad"
 DEFAULT_BACKEND = "numpy"
@@ -180,6 +180,7 @@ class Registry:
                           ov.kernel, ov.priority, ov.kind)
 
     def _install(self, table, backend, op, layout, kernel, priority, kind) -> None:
+        op, layout = kernel_key(op, layout)
         key = (backend, op, layout, kind)
         if priority >= self._priorities.get(key, -1 << 30):
             table[(op, layout)] = kernel

@@ -20,9 +20,7 @@ from polygrad.testing.temporary import temporary_plugin
 def random_pattern(n: int, m: int, density: float, seed: int) -> Pattern:
     mask = np.random.default_rng(seed).random((n, m)) < density
     rows, cols = np.nonzero(mask)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return Pattern((n, m), indptr, cols.astype(np.int64), "csr")
+    return Pattern.from_sorted((n, m), rows, cols)
 
 
 def dense_of(values: np.ndarray, p: Pattern) -> np.ndarray:
