@@ -56,7 +56,7 @@ class Pattern:
     ``layout`` is the user-facing label ("csr" or "coo"): both share this canonical storage.
     """
 
-    __slots__ = ("shape", "indptr", "rows", "cols", "layout", "_transpose", "_device", "__weakref__")
+    __slots__ = ("shape", "indptr", "_rows", "cols", "layout", "_transpose", "_device", "__weakref__")
 
     @classmethod
     def from_sorted(cls, shape: tuple[int, int], rows: Any, cols: Any, layout: str = "csr") -> "Pattern":
@@ -110,13 +110,20 @@ class Pattern:
         self.shape = (int(shape[0]), int(shape[1]))
         self.indptr = indptr
         self.cols = cols
-        if rows is None:
-            rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(indptr))
-            rows.flags.writeable = False  # ours: read-only lets backends cache device copies
-        self.rows = rows
+        self._rows = rows
         self.layout = layout
         self._transpose: tuple[Pattern, np.ndarray] | None = None
         self._device: dict[Any, Any] = {}
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Row of each nonzero (the COO view), expanded from ``indptr`` on first use: the kernels
+        that walk rows (SpMM, segment sums) never need it, so a transpose does not pay for it."""
+        if self._rows is None:
+            rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+            rows.flags.writeable = False  # ours: read-only lets backends cache device copies
+            self._rows = rows
+        return self._rows
 
     @property
     def nnz(self) -> int:
@@ -131,7 +138,7 @@ class Pattern:
         """The same pattern under another label, sharing arrays and caches."""
         if layout == self.layout:
             return self
-        twin = Pattern(self.shape, self.indptr, self.cols, layout, self.rows)
+        twin = Pattern(self.shape, self.indptr, self.cols, layout, self._rows)
         twin._transpose, twin._device = self._transpose, self._device
         return twin
 
@@ -148,11 +155,14 @@ class Pattern:
                                    t_indptr, t_cols, perm)
             perm.flags.writeable = False  # ours: read-only lets backends cache device copies
             t = Pattern((m, n), t_indptr, t_cols, self.layout)
-            inv = np.empty_like(perm)
-            inv[perm] = np.arange(perm.shape[0])
-            inv.flags.writeable = False
-            t._transpose = (self, inv)
+            t._transpose = (self, None)  # the way back: its permutation is inverted when asked
             self._transpose = (t, perm)
+        elif self._transpose[1] is None:
+            back, forward = self._transpose[0], self._transpose[0]._transpose[1]
+            inv = np.empty_like(forward)
+            inv[forward] = np.arange(forward.shape[0])
+            inv.flags.writeable = False
+            self._transpose = (back, inv)
         return self._transpose
 
     def union_diagonal(self) -> tuple["Pattern", np.ndarray, np.ndarray, np.ndarray]:

@@ -376,5 +376,9 @@ def _scatter(values: Tensor, positions: np.ndarray, size: int) -> Tensor:
     """values placed at ``positions`` of a zero vector of ``size`` (positions are unique)."""
     if positions.shape[0] == size:
         return values  # the positions are then 0..size-1 in order (both sorted, unique)
+    if not (values.requires_grad and is_grad_enabled()):  # no graph to keep: one host assignment
+        host = np.zeros(size, dtype=values.dtype)
+        host[positions] = values.numpy()
+        return tensor_from_numpy(host, values._be)
     return index_add(values, (positions,), (size,))
 
