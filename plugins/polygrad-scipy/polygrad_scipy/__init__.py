@@ -1,16 +1,20 @@
-"""polygrad-scipy: scipy.sparse kernels for polygrad.
+"""polygrad-scipy: a memory-lean SpMM backward and a scipy backend for polygrad.
 
-Installing this package (``pip install polygrad-scipy``) registers, through the entry point
-``scipy`` in the group ``polygrad``:
+Installing this package (``pip install ./plugins/polygrad-scipy``) registers, through the entry
+point ``scipy`` in the group ``polygrad``:
 
-* **kernel overrides for the numpy backend** (hook ``polygrad_kernels``): SpMM (``A @ X``, csr
-  and coo) forward on scipy's compiled CSR product, and its fused backward (``dX = A.T @ dY``
-  on scipy's CSC view, ``dA`` as an SDDMM at A's nonzeros).  They have priority 10, above the
-  numpy backend's own kernels (priority 0), so every numpy-backend user gets them, with no code
-  change.  SDDMM and the segment reductions stay numpy's: scipy has nothing faster for them.
-* a **backend named "scipy"** (hook ``polygrad_backends``): numpy arrays, the same scipy SpMM,
+* **a fused SpMM backward for the numpy backend** (hook ``polygrad_kernels``, ``kind="vjp"``):
+  ``dX = Aᵀ @ dY`` on scipy's CSC view of A's own arrays, and ``dA`` as an SDDMM at A's nonzeros,
+  each only when needed.  polygrad's numpy backend already runs SpMM on scipy's compiled kernel;
+  its backward goes through A's cached transpose (a CSC copy of the pattern plus a permutation:
+  three more nnz-length index arrays per adjacency, and a gather of the values every step).
+  This override trades that cache for a column-order product: no transpose is built, nothing
+  is gathered, so the largest graphs fit in less memory.  Priority 10, above the numpy
+  backend's own (0).
+* a **backend named "scipy"** (hook ``polygrad_backends``): numpy arrays, the same scipy kernels,
   numpy everything else -- selectable with ``pg.set_backend("scipy")`` and checkable with
-  ``polygrad check scipy``.
+  ``polygrad check scipy``: the reference example of a third-party backend built on an existing
+  library.
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ import polygrad as pg
 from . import kernels
 from .backend import ScipyBackend
 
-__version__ = "0.1.0"
-#: priority of the overrides; the numpy backend's own kernels have 0, the highest priority wins
+__version__ = "0.2.0"
+#: priority of the override; the numpy backend's own kernels have 0, the highest priority wins
 PRIORITY = 10
 
 
@@ -31,11 +35,8 @@ def polygrad_backends() -> list:
 
 @pg.hookimpl
 def polygrad_kernels() -> list:
-    out = []
-    for layout in ("csr", "coo"):
-        out.append(pg.KernelOverride("numpy", "spmm", layout, kernels.spmm, PRIORITY))
-        out.append(pg.KernelOverride("numpy", "spmm", layout, kernels.spmm_vjp, PRIORITY, kind="vjp"))
-    return out
+    # one key: polygrad keys sparse kernels once, "csr" and "coo" label one canonical storage
+    return [pg.KernelOverride("numpy", "spmm", "csr", kernels.spmm_vjp, PRIORITY, kind="vjp")]
 
 
 __all__ = ["PRIORITY", "ScipyBackend", "kernels", "polygrad_backends", "polygrad_kernels"]
