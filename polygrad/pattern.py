@@ -120,10 +120,17 @@ class Pattern:
         """Row of each nonzero (the COO view), expanded from ``indptr`` on first use: the kernels
         that walk rows (SpMM, segment sums) never need it, so a transpose does not pay for it."""
         if self._rows is None:
-            rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+            rows = self.row_ids()
             rows.flags.writeable = False  # ours: read-only lets backends cache device copies
             self._rows = rows
         return self._rows
+
+    def row_ids(self) -> np.ndarray:
+        """The rows of :attr:`rows` without caching them (the cached array when there is one): for
+        a one-off use on a large pattern that should not keep nnz more int64 entries alive."""
+        if self._rows is not None:
+            return self._rows
+        return np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
 
     @property
     def nnz(self) -> int:

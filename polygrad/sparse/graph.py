@@ -68,5 +68,6 @@ def gcn_norm(a: Any, add_self_loops: bool = True, fill_value: float = 1.0) -> Sp
     # where() keeps 0 ** -0.5 = inf (and its inf gradient) out of both the value and the gradient
     dinv = where(positive, where(positive, deg, 1.0) ** -0.5, 0.0)
     p = a.pattern
-    return SparseTensor._wrap(p, values * dinv[p.rows] * dinv[p.cols])
+    # row ids expanded for this one gather, not cached on the pattern (nnz int64s kept for nothing)
+    return SparseTensor._wrap(p, values * dinv[p.row_ids()] * dinv[p.cols])
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import memory
+from ..config import config
 from ..errors import DTypeError, MixedBackendError, ShapeError
 from ..tensor import Tensor, spmm
 # the dense ops (polygrad's package namespace rebinds the name "tensor" to the function, so import
@@ -170,7 +171,8 @@ def _sparse_sparse(a: SparseTensor, b: SparseTensor) -> Tensor:
     The sparse product forms every partial product ``a_ik * b_kj`` (``flops`` of them) and
     coalesces them; the alternative densifies B and runs the compiled SpMM (``nnz(A) * m``
     multiply-adds, plus B's ``k * m`` entries), giving a dense result.  The cheaper one is taken
-    (the densified path only when B and the result fit the memory budget), and the decision goes
+    (the densified path only when B and the result fit the memory budget, and for results of at
+    least ``pg.config.sparse_min_elements`` entries: smaller ones stay sparse), and the decision goes
     to the ``polygrad_layout_chosen`` hook, so ``pg.monitor`` reports it.  A sparse bag-of-words
     ``X`` under ``A @ X`` typically has products spread over most of the result: dense wins there.
     (Operations run eagerly, so ``(A @ X) @ W`` cannot be re-associated into ``A @ (X @ W)``;
@@ -190,7 +192,8 @@ def _sparse_sparse(a: SparseTensor, b: SparseTensor) -> Tensor:
     # expected distinct entries when the products land uniformly (a bound to report, not a count)
     expected_nnz = int(cells * -math.expm1(-flops / cells)) if cells else 0
     fits = memory.fits(memory.nbytes((k, m), dtype) + memory.nbytes((n, m), dtype), a._be)
-    densify = dense_cost < sparse_cost and fits
+    # below pg.config.sparse_min_elements the result stays sparse as documented: either path is cheap
+    densify = dense_cost < sparse_cost and fits and cells >= config.sparse_min_elements
     hook = _events["polygrad_layout_chosen"]
     if hook is not None:
         why = (f"sparse @ sparse: {flops} partial products x {SPGEMM_COST_PER_PRODUCT:g} "
