@@ -31,7 +31,16 @@ def _coerce(items: list, dtype: np.dtype) -> list:
         return [float(x) for x in items]
     if dtype.kind == "b":
         return [bool(x) for x in items]
-    return [int(x) for x in items]
+    return _wrap_ints([int(x) for x in items], dtype)
+
+
+def _wrap_ints(items: list, dtype: np.dtype) -> list:
+    """Python ints reduced to ``dtype``'s range modulo 2**bits: integer overflow wraps exactly as
+    numpy's (two's complement), so both backends give the same int8/int64/uint8 answers."""
+    info = np.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    span = hi - lo + 1
+    return [x if lo <= x <= hi else (x - lo) % span + lo for x in items]
 
 
 def _kernel(op: Op):

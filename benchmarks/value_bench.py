@@ -23,6 +23,8 @@ Two regimes are measured side by side in one run:
 
 Targets: polygrad / micrograd <= 0.15 as shipped and <= 0.8 with GC off.
 
+A section from ``benchmarks/compile_step.py`` times the moons step eager, compiled
+(``pg.compile``) and in PyTorch eager in the same run (target: compiled <= 0.5x PyTorch).
 Two more sections come from ``benchmarks/tensor_step.py``: the same step on Tensors (numpy backend,
 target <= 1 ms) and the per-op dispatch overhead.  Extension hook: append a ``section(quick: bool) -> {"rows": [...], "summary": {...}}`` function to
 :data:`EXTRA_SECTIONS` (from this module or one imported here); its rows are appended to the table
@@ -52,6 +54,14 @@ def _tensor_sections(quick: bool) -> dict:
 
 
 EXTRA_SECTIONS.append(_tensor_sections)
+
+
+def _compiled_section(quick: bool) -> dict:
+    from benchmarks.compile_step import moons_compiled_section
+    return moons_compiled_section(quick)
+
+
+EXTRA_SECTIONS.append(_compiled_section)
 
 TARGET_AS_SHIPPED = 0.15
 TARGET_GC_OFF = 0.8

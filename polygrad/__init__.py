@@ -21,30 +21,37 @@ from .interop import from_dlpack
 from .ops import Op, list_ops
 from .registry import get_backend, list_backends, register_plugin, set_backend, unregister_plugin, use_backend
 from .tensor import (
-    Tensor, abs, arange, argmax, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
+    Tensor, abs, arange, argmax, argmin, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
     log_softmax, logsumexp, manual_seed, matmul, max, maximum, mean, min, minimum, mse, mul, ones,
     ones_like, permute, pow, rand, randn, reshape, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
     transpose, unsqueeze, where, zeros, zeros_like, add,
 )
+from .tensor import from_numpy
 from .value import Value
+from .lazy import materialize
 from .monitor import monitor
 from .draw import draw_graph
 from .checkpoint import load, save
+from .capture import compile  # noqa: A004 - pg.compile, like torch.compile
 
 __version__ = "0.1.0"
 
 # Sparse API: constructors, layout policy (polygrad.sparse).
 from .sparse import *  # noqa: E402,F401,F403
 from .sparse import __all__ as _sparse_all  # noqa: E402
+# Graph primitives (SDDMM, edge softmax, gather/scatter) and activations: composites of the above.
+from .activations import elu, gelu, leaky_relu, softplus  # noqa: E402
+from .graph_ops import edge_softmax, gather, scatter, sddmm  # noqa: E402
 
 __all__ = [
     "Backend", "KernelOverride", "Op", "Tensor", "Value", "FallbackWarning", "abs", "add", "arange",
-    "argmax", "backward", "bool_", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
+    "argmax", "argmin", "backward", "bool_", "from_numpy", "cat", "clip", "concat", "config", "cross_entropy", "default_float",
     "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
     "from_dlpack", "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",
     "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",
     "sum", "tensor", "transpose", "unregister_plugin", "unsqueeze", "use_backend", "where", "zeros",
-    "zeros_like", "save", "load", "monitor", "draw_graph", *_sparse_all,
+    "zeros_like", "save", "load", "materialize", "monitor", "draw_graph", "compile", *_sparse_all,
+    "elu", "gelu", "leaky_relu", "softplus", "edge_softmax", "gather", "scatter", "sddmm",
 ]

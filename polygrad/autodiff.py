@@ -7,12 +7,13 @@ accumulates with ``+`` in a fixed order, undoes broadcasting in exactly one plac
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from . import grad_rules
-from .dispatch import _grad_enabled, registry
+from .dispatch import _grad_enabled, _recording, registry
 from .errors import DTypeError, GraphError, ShapeError
 from .graph import toposort
 from .ops import Op, kernel_key
@@ -22,6 +23,11 @@ from .value import _toposort as value_toposort
 
 if TYPE_CHECKING:
     from .tensor import Tensor
+
+#: serialises the read-add-write of a leaf's ``.grad``: backward passes running in several
+#: threads over graphs that share a leaf (data-parallel workers, one model) must not lose each
+#: other's contributions.  One lock for all leaves: the critical section is one dispatch of ``+``.
+_accumulate_lock = threading.Lock()
 
 
 @contextmanager
@@ -136,6 +142,9 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
                 raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned shape "
                                   f"{be.shape(arr)} for an input of shape {t.shape}")
             grads.append(Tensor._make(arr, be, t.shape, be.dtype(arr)))
+        rec = _recording.get()
+        if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
+            rec.fused(be, (node.op, node.layout), (g, *node.inputs), {"needs": needs, **node.attrs}, grads)
         return tuple(grads)
     except KernelFault as exc:
         fault: Exception = exc
@@ -196,20 +205,14 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                 raise GraphError(
                     f"trying to backward through the graph a second time (op '{node.op}' has already "
                     "been freed); pass retain_graph=True to the first backward() if you need to")
-            if node.scalar is not None and not create_graph:
-                in_grads = _scalar_vjp(node, t, g)
-            else:
-                # create_graph: the rule (made of differentiable polygrad ops, each of which falls
-                # back on its own) is the only path whose gradients can be differentiated again --
-                # a scalar decomposition or fused kernel yields constants.
-                in_grads = None
-                if not create_graph:
-                    fused = vjp_tables.get(node.backend.name)
-                    kernel = fused.get(kernel_key(node.op, node.layout)) if fused else None
-                    if kernel is not None:
-                        in_grads = _fused_vjp(node, kernel, t, g)
-                if in_grads is None:
-                    in_grads = grad_rules.vjp(node, t, g)
+            try:
+                in_grads = _node_vjp(node, t, g, create_graph, vjp_tables)
+            except Exception:
+                if node.inputs is None:  # freed under us by a backward running in another thread
+                    raise GraphError(f"op '{node.op}' was freed by a concurrent backward() through the "
+                                     "same graph; pass retain_graph=True to backpropagate it from "
+                                     "several threads") from None
+                raise
             for inp, ig in zip(inputs, in_grads):
                 if ig is None or not inp.requires_grad:
                     continue
@@ -222,9 +225,30 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                     grads[key] = grads[key] + ig if key in grads else ig
             if not retain_graph:
                 node.free()
+    rec = _recording.get()
+    if rec is not None:  # pg.compile: a replay re-fires this event with the replayed gradients
+        rec.backward_finished(len(order), produced)
     ev = registry.events["polygrad_backward_finished"]
     if ev is not None:
         ev(num_nodes=len(order), seconds=time.perf_counter() - started, grads=produced)
+
+
+def _node_vjp(node, t: "Tensor", g: "Tensor", create_graph: bool, vjp_tables: dict) -> tuple:
+    """The input gradients of one node: its scalar decomposition, fused kernel or VJP rule."""
+    if node.scalar is not None and not create_graph:
+        return _scalar_vjp(node, t, g)
+    # create_graph: the rule (made of differentiable polygrad ops, each of which falls back on
+    # its own) is the only path whose gradients can be differentiated again -- a scalar
+    # decomposition or fused kernel yields constants.
+    in_grads = None
+    if not create_graph:
+        fused = vjp_tables.get(node.backend.name)
+        kernel = fused.get(kernel_key(node.op, node.layout)) if fused else None
+        if kernel is not None:
+            in_grads = _fused_vjp(node, kernel, t, g)
+    if in_grads is None:
+        in_grads = grad_rules.vjp(node, t, g)
+    return in_grads
 
 
 def _depends_on(order: list, capture: dict) -> set[int]:
@@ -246,8 +270,9 @@ def _deliver(leaf: "Tensor", g: "Tensor", capture, produced: list) -> None:
         if id(leaf) in capture:
             capture[id(leaf)] = g if capture[id(leaf)] is None else capture[id(leaf)] + g
         return
-    leaf.grad = g if leaf.grad is None else leaf.grad + g
-    produced.append((leaf, leaf.grad))
+    with _accumulate_lock:
+        leaf.grad = g if leaf.grad is None else leaf.grad + g
+        produced.append((leaf, leaf.grad))
 
 
 def _seed(root: "Tensor", grad) -> "Tensor":

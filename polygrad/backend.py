@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .errors import BackendError
+
 Kernel = Callable[..., Any]
 
 
@@ -32,6 +34,9 @@ class Backend:
     description: str = ""
     #: install hint shown when the backend is unavailable
     install_hint: str = ""
+    #: whether ``pg.compile`` may replay this backend's kernels: they must be pure functions of
+    #: their inputs and attrs (docs/writing-a-backend.md, "Replay"); False keeps steps eager
+    supports_replay: bool = True
 
     def __init__(self) -> None:
         self.kernels: dict[tuple[str, str], Kernel] = {}
@@ -69,6 +74,32 @@ class Backend:
         """Bytes this backend can still allocate, or None to use host memory (psutil)."""
         return None
 
+    # -- lazy and remote backends -------------------------------------------------------------
+    #: True when kernels only *describe* work (a task graph) that runs later, on ``to_numpy`` or
+    #: ``materialize``.  ``fit`` then runs backward before reading the loss, so one
+    #: materialisation computes the forward pass once for the loss and the gradients.  A lazy
+    #: backend's arrays are immutable values (nothing writes into them), so a snapshot may share them.
+    lazy: bool = False
+
+    def materialize(self, arrays: list) -> list:
+        """Compute ``arrays`` (and keep the results where they are: device, workers) in one go.
+
+        Returns arrays equal in value whose pending work is done, so an array that is reused
+        step after step (a parameter, a gradient, optimizer state) does not carry the whole
+        history of its computation.  Optimizers call it once per ``step()`` on every parameter
+        and state array, ``fit`` once per epoch on the loss and the gradients; arrays computed
+        together share their common work.  Eager backends keep the default: the identity.
+        """
+        return list(arrays)
+
+    def connect(self, *, scheduler: str | None = None, workers: int | None = None) -> Any:
+        """Start or join the cluster a distributed backend runs on (``polygrad demo --workers N``
+        / ``--scheduler ADDRESS``); returns an object whose ``close()`` releases it.  Raises
+        :class:`~polygrad.errors.BackendUnavailableError` naming the address when it cannot be
+        reached.  Single-process backends keep the default, which refuses."""
+        raise BackendError(f"backend {self.name!r} runs in this process: --workers/--scheduler need a "
+                           "backend that runs on a cluster")
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -83,3 +114,46 @@ class KernelOverride:
     priority: int = 10
     #: "forward" (a forward kernel) or "vjp" (a fused backward kernel)
     kind: str = "forward"
+
+
+# -- the array contract, checked once per backend -------------------------------------------------------
+# Every op goes through from_numpy / shape / dtype / to_numpy, so a backend that gets one of them
+# wrong fails *every* op with an error naming none of them (e.g. a dtype() left returning the
+# framework's own dtype: "Cannot interpret 'torch.float64' as a data type").  The registry probes
+# them once, when the backend is first checked, and reports the method and what it must return.
+_PROBES = (np.arange(6, dtype=np.float64).reshape(2, 3), np.array([3, -1, 7], dtype=np.int64),
+           np.array(0.5, dtype=np.float32))
+
+
+def _kind(x: Any) -> str:
+    return f"{x!r:.80} (a {type(x).__module__}.{type(x).__qualname__})"
+
+
+def contract_problem(backend: Backend) -> str:
+    """"" when ``backend``'s array methods keep the contract, else one line naming the first method
+    that breaks it and what it must return.  Runs ``from_numpy`` on three tiny arrays."""
+    name = f"backend {backend.name!r}"
+    for probe in _PROBES:
+        what = f"a {probe.dtype} array of shape {probe.shape}"
+        try:
+            array = backend.from_numpy(probe)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            return f"{name}: from_numpy({what}) raised {type(exc).__name__}: {exc}"
+        if array is None:
+            return f"{name}: from_numpy({what}) returned None; it must return the backend's array"
+        for method, want, check in (
+                ("shape", f"the shape as a tuple of ints, here {probe.shape}",
+                 lambda r: isinstance(r, tuple) and r == probe.shape
+                 and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in r)),
+                ("dtype", f"a numpy.dtype, here numpy.dtype({str(probe.dtype)!r})",
+                 lambda r: isinstance(r, np.dtype) and r == probe.dtype),
+                ("to_numpy", f"a numpy.ndarray equal to the array given to from_numpy ({what})",
+                 lambda r: isinstance(r, np.ndarray) and r.shape == probe.shape and r.dtype == probe.dtype
+                 and np.array_equal(r, probe))):
+            try:
+                result = getattr(backend, method)(array)
+            except Exception as exc:  # noqa: BLE001
+                return f"{name}: {method}() raised {type(exc).__name__}: {exc}; it must return {want}"
+            if not check(result):
+                return f"{name}: {method}() returned {_kind(result)}; it must return {want}"
+    return ""

@@ -14,20 +14,39 @@ The zip format's CRC-32 of every member catches corrupted files.
 Atomicity: the file is written to a temporary file in the same folder, flushed and fsync'ed,
 then renamed over the target with ``os.replace`` (atomic on POSIX and Windows), and the folder
 is fsync'ed.  A crash at any point leaves either the old file or the new one, never a mix.
+
+Crash leftovers: a writer holds an exclusive ``flock`` on its temporary file until the rename.
+A save killed mid-write leaves its temporary (``.NAME.XXXXXXXX.tmp``) behind; the next
+``save`` or ``load`` of the same target removes every such temporary that no live writer holds
+(the lock proves the writer is gone; where ``flock`` does not exist, only temporaries older
+than an hour are removed).
+
+Hostile files: ``load`` raises only :class:`~polygrad.errors.CheckpointError` -- whatever the
+bytes, nesting or sizes -- and reads each member's ``.npy`` header first: a member whose header
+claims more data than the member holds, or more than the memory budget allows (``pg.memory``),
+is refused before anything is allocated.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointError, PolygradError
+from . import memory
+from .errors import CheckpointError, MemoryBudgetError, PolygradError
+
+try:  # POSIX: a live writer's temporary is told from a dead one's by its lock
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["save", "load", "FORMAT", "VERSION"]
 
@@ -115,7 +134,8 @@ def save(obj: Any, path: "str | os.PathLike[str]") -> None:
 
     target = Path(os.fspath(path))
     folder = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    remove_stale_temporaries(target)
+    fd, tmp = _locked_temporary(target, folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             _write_npz(fh, arrays)
@@ -129,6 +149,64 @@ def save(obj: Any, path: "str | os.PathLike[str]") -> None:
             pass
         raise
     _fsync_dir(folder)
+
+
+#: where flock is unavailable, a temporary this old is taken as a dead writer's
+_STALE_SECONDS = 3600
+
+
+def _temporary_pattern(target: Path) -> re.Pattern:
+    # exactly what tempfile.mkstemp(prefix=".NAME.", suffix=".tmp") creates: 8 random characters
+    return re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}" + re.escape(".tmp"))
+
+
+def _locked_temporary(target: Path, folder: Path) -> tuple[int, str]:
+    """A new temporary beside ``target``, exclusively locked for as long as this writer lives."""
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        if fcntl is None:
+            return fd, tmp
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # a cleaner may have removed it between mkstemp and flock: then take another
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return fd, tmp
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def remove_stale_temporaries(target: "str | os.PathLike[str]") -> list[str]:
+    """Remove the temporaries that killed saves of ``target`` left behind; returns their paths.
+
+    Only files named like this module's temporaries for exactly this target are considered, and
+    only those that no live writer holds (a non-blocking ``flock`` succeeds on them).  Errors
+    (a read-only folder, a file that vanished) are ignored: cleaning is best effort."""
+    target = Path(os.fspath(target))
+    folder = target.parent if str(target.parent) else Path(".")
+    pattern = _temporary_pattern(target)
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
+    except OSError:
+        return removed
+    for name in names:
+        tmp = folder / name
+        try:
+            if fcntl is None:
+                if time.time() - os.stat(tmp).st_mtime > _STALE_SECONDS:
+                    os.unlink(tmp)
+                    removed.append(str(tmp))
+                continue
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a live writer, leave it
+                os.unlink(tmp)
+                removed.append(str(tmp))
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+    return removed
 
 
 def _write_npz(fh: Any, arrays: dict[str, np.ndarray]) -> None:
@@ -162,10 +240,43 @@ class _Reader:
     def array(self, name: Any) -> np.ndarray:
         if not isinstance(name, str) or name not in self.npz.files:
             raise CheckpointError(f"pg.load: {self.path} refers to a missing array {name!r}")
+        self.check_member(name)
         arr = self.npz[name]
         if not isinstance(arr, np.ndarray):
             raise CheckpointError(f"pg.load: {self.path}: member {name!r} is not .npy array data")
         return arr
+
+    def check_member(self, name: str) -> None:
+        """Refuse member ``name`` before numpy allocates it: its header must fit the member's
+        bytes and the memory budget (a header can claim 10^12 elements in a 100-byte file, a
+        deflated member can inflate to terabytes)."""
+        zf = self.npz.zip
+        try:
+            info = zf.getinfo(name + ".npy")
+        except KeyError:
+            return  # not an .npy member: numpy returns its raw bytes, which the caller refuses
+        what = f"member {name!r} of {self.path}"
+        try:
+            memory.check("pg.load", info.file_size, what=f"{what} ({info.file_size} bytes once inflated)")
+            with zf.open(info) as fh:
+                version = np.lib.format.read_magic(fh)
+                if version == (1, 0):
+                    shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+                else:
+                    shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+                header = fh.tell()
+        except MemoryBudgetError as exc:
+            raise CheckpointError(f"pg.load: {what} is refused: {exc}") from None
+        if dtype.hasobject:
+            raise CheckpointError(f"pg.load: {what} holds Python objects (dtype {dtype}); nothing is unpickled")
+        claimed = math.prod(shape) * dtype.itemsize
+        if claimed > info.file_size - header:
+            raise CheckpointError(f"pg.load: {what} claims a {dtype} array of shape {shape} ({claimed} bytes) "
+                                  f"but holds {info.file_size - header} bytes of data: corrupt or hostile")
+        try:
+            memory.check("pg.load", claimed, what=f"{what}, a {dtype} array of shape {shape}")
+        except MemoryBudgetError as exc:
+            raise CheckpointError(f"pg.load: {what} is refused: {exc}") from None
 
     def decode(self, node: Any) -> Any:
         from .tensor import tensor
@@ -221,17 +332,26 @@ def load(path: "str | os.PathLike[str]", backend: Any = None) -> Any:
     """Read a checkpoint written by :func:`save`.
 
     Tensors are created on ``backend`` (default: the current default backend).  Raises
-    :class:`~polygrad.errors.CheckpointError` for a missing, truncated, corrupt or foreign file
-    (anything that is not a polygrad checkpoint), never executing anything from it.
+    :class:`~polygrad.errors.CheckpointError` -- and nothing else -- for a missing, truncated,
+    corrupt, hostile or foreign file (anything that is not a polygrad checkpoint), never
+    executing anything from it, and refuses members over the memory budget before allocating.
+    Stale temporaries of killed saves of ``path`` are removed first.
     """
-    p = os.fspath(path)
-    if not os.path.isfile(p):
+    try:
+        p = os.fsdecode(os.fspath(path))
+        remove_stale_temporaries(p)
+        found = os.path.isfile(p)
+    except (TypeError, ValueError) as exc:  # not a path, or one with a NUL byte
+        raise CheckpointError(f"pg.load: not a usable path: {type(path).__name__} {path!r:.80}") from exc
+    if not found:
         raise CheckpointError(f"pg.load: no checkpoint at {p}")
     try:
         with np.load(p, allow_pickle=False) as npz:
             if _META not in npz.files:
                 raise CheckpointError(f"pg.load: {p} is an .npz but not a polygrad checkpoint "
                                       f"(no {_META} entry)")
+            reader = _Reader(npz, p, backend)
+            reader.check_member(_META)  # the description is budgeted like any member
             meta_raw = npz[_META]
             # a member that is not .npy data comes back as raw bytes
             if not isinstance(meta_raw, np.ndarray) or meta_raw.dtype != np.uint8 or meta_raw.ndim != 1:
@@ -242,7 +362,7 @@ def load(path: "str | os.PathLike[str]", backend: Any = None) -> Any:
             if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
                 raise CheckpointError(f"pg.load: {p} has format version {meta.get('version')!r}; this "
                                       f"polygrad reads versions up to {VERSION}")
-            return _Reader(npz, p, backend).decode(meta.get("tree"))
+            return reader.decode(meta.get("tree"))
     except CheckpointError:
         raise
     except PolygradError as exc:
@@ -250,5 +370,13 @@ def load(path: "str | os.PathLike[str]", backend: Any = None) -> Any:
     except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile,
             zipfile.LargeZipFile, UnicodeDecodeError, json.JSONDecodeError, NotImplementedError) as exc:
         # truncated zip, bad CRC, pickled (object) arrays refused by allow_pickle=False, bad JSON...
+        raise CheckpointError(f"pg.load: {p} is corrupt or not a polygrad checkpoint "
+                              f"({type(exc).__name__}: {exc})") from exc
+    except RecursionError:
+        raise CheckpointError(f"pg.load: {p} nests its structure deeper than Python can follow; "
+                              "refused") from None
+    except MemoryError as exc:  # an allocation the budget let through still failed
+        raise CheckpointError(f"pg.load: {p} could not be loaded: out of memory ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - the contract: a hostile file raises CheckpointError only
         raise CheckpointError(f"pg.load: {p} is corrupt or not a polygrad checkpoint "
                               f"({type(exc).__name__}: {exc})") from exc

@@ -153,13 +153,14 @@ def drawing_first_graph(loss_fn: Callable[[], Any], path: str | None) -> Callabl
 def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: int = 1337,
               backend: str | None = None, plot: str | None = None, progress: bool = True,
               rollback: float | None = None, stream: TextIO | None = None, monitor: bool = False,
-              graph: str | None = None) -> dict[str, Any]:
+              graph: str | None = None, compile: bool = True) -> dict[str, Any]:
     """Train micrograd's moons MLP; return accuracy, loss, timing and memory figures.
 
     The L2 term ``1e-4 * sum(p**2)`` is applied as SGD weight decay 2e-4 (its exact gradient),
     which keeps the training graph small; the reported loss includes it.  ``rollback`` enables
     :func:`polygrad.train.fit`'s rollback with that threshold (off by default: micrograd's
-    recipe has loss spikes at lr 1.0 that it recovers from by itself).
+    recipe has loss spikes at lr 1.0 that it recovers from by itself).  ``compile``: train with
+    :func:`polygrad.compile`'d steps (same numbers, less per-op overhead).
     """
     if plot:
         require_matplotlib()
@@ -192,7 +193,7 @@ def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: 
         with monitored(monitor, stream) as m:
             try:
                 history = fit(model, opt, drawing_first_graph(loss_fn, graph), steps,
-                              rollback_threshold=rollback, callback=on_epoch)
+                              rollback_threshold=rollback, callback=on_epoch, compile=compile)
             finally:
                 bar.close()
         model.eval()
@@ -204,7 +205,7 @@ def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: 
         result = {"demo": "moons", "accuracy": accuracy, "test_accuracy": accuracy, "loss": loss,
                   "steps": steps, "epochs": steps, "step_time_ms": _median_ms(history),
                   "epoch_time_ms": _median_ms(history), "rollbacks": history.rollbacks,
-                  "peak_rss_mb": peak_rss_mb(), "backend": backend}
+                  "peak_rss_mb": peak_rss_mb(), "backend": backend, "compiled": compile}
         if plot:
             plot_moons(model, X_np, y01, plot, accuracy)
             result["plot"] = os.fspath(plot)
@@ -270,7 +271,8 @@ def build_gcn(ds: pdata.GraphDataset, hidden: int = 16, dropout: float = 0.5, lr
 def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: int = 16,
               dropout: float = 0.5, lr: float = 0.01, weight_decay: float = 5e-4,
               tensors: tuple | None = None, track_val: bool = False,
-              on_epoch: Callable[[EpochRecord], Any] | None = None, graph: str | None = None) -> dict[str, Any]:
+              on_epoch: Callable[[EpochRecord], Any] | None = None, graph: str | None = None,
+              compile: bool = True) -> dict[str, Any]:
     """One seeded GCN run on ``ds``; returns test/val accuracy, history and per-epoch curves."""
     pg.manual_seed(seed)
     x, y, edge_index = tensors if tensors is not None else graph_tensors(ds)
@@ -280,9 +282,10 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
     def loss_fn():
         logits = model(x, edge_index)
         loss = nn.cross_entropy(logits, y, mask=ds.train_mask)
-        return loss, {"train_acc": nn.accuracy(logits, y, ds.train_mask)}
+        return loss, {"logits": logits}  # a tensor: a compiled step replays it (a float it could not)
 
     def callback(rec: EpochRecord) -> Any:
+        rec.metrics["train_acc"] = nn.accuracy(rec.metrics.pop("logits"), y, ds.train_mask)
         curves["loss"].append(rec.loss)
         curves["train_acc"].append(rec.metrics["train_acc"])
         if track_val:
@@ -295,7 +298,7 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
         return on_epoch(rec) if on_epoch is not None else None
 
     history = fit(model, opt, drawing_first_graph(loss_fn, graph), epochs, rollback_threshold=None,
-                  callback=callback)
+                  callback=callback, compile=compile)
     model.eval()
     with pg.no_grad():
         logits = model(x, edge_index)
@@ -309,7 +312,7 @@ def run_gcn(data: str | None = None, dataset: str = "cora", backend: str | None 
             seed: int = 0, runs: int = 1, hidden: int = 16, dropout: float = 0.5, lr: float = 0.01,
             weight_decay: float = 5e-4, plot: str | None = None, progress: bool = True,
             stream: TextIO | None = None, download: bool = False, monitor: bool = False,
-            graph: str | None = None) -> dict[str, Any]:
+            graph: str | None = None, compile: bool = True) -> dict[str, Any]:
     """Train the reference GCN ``runs`` times (seeds ``seed, seed+1, ...``); return mean figures.
 
     ``data``: a folder with the Planetoid files; ``download=True`` without it fetches ``dataset``
@@ -337,7 +340,7 @@ def run_gcn(data: str | None = None, dataset: str = "cora", backend: str | None 
                 try:
                     last = train_gcn(ds, seed + r, epochs, hidden, dropout, lr, weight_decay, tensors,
                                      track_val=bool(plot) and r == runs - 1, on_epoch=on_epoch,
-                                     graph=graph if r == 0 else None)
+                                     graph=graph if r == 0 else None, compile=compile)
                 finally:
                     bar.close()
             accs.append(last["test_accuracy"])
@@ -347,7 +350,7 @@ def run_gcn(data: str | None = None, dataset: str = "cora", backend: str | None 
               "test_accuracy": float(np.mean(accs)), "test_accuracy_std": float(np.std(accs)),
               "val_accuracy": float(np.mean(vals)), "runs": runs, "seeds": [seed + r for r in range(runs)],
               "test_accuracies": accs, "epochs": epochs, "epoch_time_ms": float(np.median(times)),
-              "peak_rss_mb": peak_rss_mb(), "backend": backend}
+              "peak_rss_mb": peak_rss_mb(), "backend": backend, "compiled": compile}
     if plot and last is not None:
         plot_gcn_curves(last["curves"], plot, f"{name}: GCN, seed {seed + runs - 1}")
         result["plot"] = os.fspath(plot)

@@ -4,7 +4,8 @@
 
 1. all inputs must live on one backend (else MixedBackendError naming both);
 2. the op's inference validates the operands and predicts the output shape/dtype (user errors
-   are raised here, before any kernel runs, and are never "fallen back" from);
+   are raised here, before any kernel runs, and are never "fallen back" from); an output over
+   the memory budget is refused here too (MemoryBudgetError), before anything is allocated;
 3. the backend's kernel for ``(op, layout)`` runs -- a dict lookup in the table the registry
    built at load time;
 4. its output is checked against the inference; an exception or a contradicting output is a
@@ -28,12 +29,15 @@ from . import memory, reference
 from .config import config
 from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
+from .events import hook_failures
 from .graph import Node
 from .inference import _RULES as _infer_rules
 from .ops import NON_DIFFERENTIABLE, SPARSE, Op, kernel_key
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
+#: the recorder of a ``pg.compile`` capture running in this context (None: nothing is recorded)
+_recording: ContextVar[Any] = ContextVar("polygrad_recording", default=None)
 _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
@@ -49,7 +53,9 @@ def stats() -> dict:
     """Counters since start (or ``pg.reset_stats()``).
 
     ``fallbacks``: {"op/backend/layout": count}; ``fallbacks_by_op``: {"op": count};
-    ``fallbacks_total``: the sum.  A fallback is counted each time a kernel (forward or fused
+    ``fallbacks_total``: the sum; ``hook_failures``: {"plugin/hook": "error"} for every event-hook
+    listener disabled because it raised (not cleared by reset_stats: it stays disabled).
+    A fallback is counted each time a kernel (forward or fused
     backward) fails, whichever link of the fallback chain then serves the op."""
     with _stats_lock:
         by_op: Counter = Counter()
@@ -57,7 +63,8 @@ def stats() -> dict:
             by_op[op] += n
         return {"fallbacks": {f"{op}/{be}/{layout}": n for (op, be, layout), n in fallback_counts.items()},
                 "fallbacks_by_op": dict(by_op),
-                "fallbacks_total": sum(fallback_counts.values())}
+                "fallbacks_total": sum(fallback_counts.values()),
+                "hook_failures": dict(hook_failures)}
 
 
 def reset_stats() -> None:
@@ -140,6 +147,10 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             needs_grad = needs_grad or t.requires_grad
         shapes, dtypes = tuple(shapes), tuple(dtypes)
     shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
+    # the memory budget is checked before the kernel allocates, from the inferred output size
+    if math.prod(shape) * dtype.itemsize >= memory.CHECK_FLOOR:
+        memory.check(str(op), memory.nbytes(shape, dtype), backend=be,
+                     what=f"its {dtype} output of shape {shape} (operands {', '.join(map(str, shapes))})")
     scalar = None
     try:
         kernel = _tables.get(be.name, EMPTY).get((op, layout))
@@ -162,6 +173,9 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     if needs_grad and dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get():
         result.requires_grad = True
         result._node = Node(op, inputs, attrs, layout, be, scalar)
+    rec = _recording.get()
+    if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
+        rec.kernel(op, layout, be, inputs, attrs, result)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
@@ -203,6 +217,9 @@ def _promoted(op: Op, inputs: tuple) -> tuple | None:
 # -- fallback -----------------------------------------------------------------------------------------
 
 def report_fallback(op: Op, be, layout: str, exc: BaseException) -> None:
+    rec = _recording.get()
+    if rec is not None:  # a step whose op fell back is not replayed: it stays eager
+        rec.refuse(f"op '{op}' fell back on backend {be.name!r} ({layout})")
     key = (op.value, be.name, layout)
     with _stats_lock:
         fallback_counts[key] += 1

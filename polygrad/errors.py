@@ -64,6 +64,10 @@ class FallbackWarning(UserWarning):
     """A backend kernel failed and polygrad recomputed the op by scalar decomposition."""
 
 
+class PluginWarning(UserWarning):
+    """A plugin misbehaved (e.g. an event hook raised) and polygrad disabled the faulty part."""
+
+
 class IndexOutOfRangeError(PolygradError, IndexError):
     """An index (getitem, gather) is outside the tensor's shape."""
 

@@ -6,9 +6,13 @@ gradient per input (None where the input needs none), at the *output's broadcast
 elementwise ops: autodiff's ``unbroadcast`` reduces it to the input's shape.
 
 Subgradient conventions (fixed here, and mirrored by the scalar reference):
-  * relu'(0) = 0 (as micrograd);
+  * relu'(0) = 0 (as micrograd and PyTorch); relu' at NaN is 1 (PyTorch);
   * maximum(a, b) on a tie, and max over an axis with several maximal elements, split the
-    gradient evenly among the tied elements.
+    gradient evenly among the tied elements (as torch.maximum and torch.amax); a NaN operand of
+    maximum passes the whole gradient to both, a NaN max goes to the NaN elements (PyTorch);
+  * pow: d(a ** b)/da = 0 where b == 0, d(a ** b)/db = 0 where a == 0 and b >= 0 (PyTorch);
+  * clip/clamp passes the whole gradient at its bounds (tensor.clip is written with where).
+The edge points are checked against PyTorch's values by ``polygrad.testing.edges`` (the conformance kit's edge-point set).
 """
 from __future__ import annotations
 
@@ -55,7 +59,9 @@ def _log(node, out, g):
 
 
 def _relu(node, out, g):
-    return (apply(Op.MUL, (g, node.inputs[0] > 0)),)
+    from .tensor import where
+    # 0 where x <= 0 (relu'(0) = 0), g elsewhere -- NaN included, as PyTorch's threshold_backward
+    return (where(node.inputs[0] <= 0, 0.0, g),)
 
 
 def _tanh(node, out, g):
@@ -84,16 +90,28 @@ def _mul(node, out, g):
 
 
 def _pow(node, out, g):
+    # PyTorch's edge conventions: d/da is 0 where b == 0 (x ** 0 is the constant 1, even at
+    # a == 0 where b * a ** (b - 1) would be 0 * inf); d/db is 0 where a == 0 and b >= 0 (the
+    # limit of a ** b * log(a)), -inf/inf where a == 0 and b < 0, NaN where a < 0.
+    from .tensor import where
     a, b = node.inputs
     na, nb = _needs(node)
-    return (g * b * a ** (b - 1) if na else None, g * out * a.log() if nb else None)
+    ga = gb = None
+    if na:
+        ga = where(b == 0, 0.0, g * b * a ** (b - 1))
+    if nb:
+        gb = where((a == 0) * (b >= 0), 0.0, g * out * a.log())
+    return (ga, gb)
 
 
 def _maximum(node, out, g):
     a, b = node.inputs
     na, nb = _needs(node)
-    share = ((a > b) + (a == b) * 0.5).cast(g.dtype)  # 1 where a wins, 0.5 on ties, 0 where b wins
-    return (g * share if na else None, g * (1 - share) if nb else None)
+    # 1 to the winner, 0.5 to each on a tie, and (PyTorch's rule) 1 to both where a NaN is involved
+    tie = (a == b).cast(g.dtype) * 0.5
+    ga = g * (1 - (a < b).cast(g.dtype) - tie) if na else None
+    gb = g * (1 - (a > b).cast(g.dtype) - tie) if nb else None
+    return (ga, gb)
 
 
 def _where(node, out, g):
@@ -122,7 +140,9 @@ def _sum(node, out, g):
 def _max(node, out, g):
     x = node.inputs[0]
     axes = node.attrs["axes"]
-    mask = (x == _keepdims(out, node)).cast(g.dtype)
+    o = _keepdims(out, node)
+    # the maximal elements; where the max is NaN, the NaN elements (torch's evenly_distribute)
+    mask = (x == o).cast(g.dtype) + (x != x).cast(g.dtype) * (o != o).cast(g.dtype)
     count = mask.sum(axis=axes, keepdims=True)
     return (_keepdims(g, node) * mask / count,)
 

@@ -14,7 +14,10 @@ with no monitor pays nothing for them.  Implement a hook with ``@polygrad.hookim
         return [MyBackend()]
 
 Hook implementations must not raise; a registration hook that raises is reported by
-``pg.list_backends()`` and its plugin is skipped.
+``pg.list_backends()`` and its plugin is skipped.  An *event* hook implementation that raises is
+reported once (a ``PluginWarning``, ``pg.stats()["hook_failures"]``, ``polygrad backends``) and
+disabled for the rest of the process; the op or backward pass that fired it is unaffected
+(``polygrad/events.py``).
 """
 from __future__ import annotations
 

@@ -12,8 +12,12 @@
 Per step it records: the ops executed, the nnz ratio (density) of each sparse op, the global
 gradient norm of each backward pass, memory (psutil RSS; GPU memory when cupy is in use), the
 layout decisions of the automatic layout policy and every fallback.  It warns through
-``logging`` (logger ``polygrad.monitor``) on NaN/Inf gradients, an exploding gradient norm and
-memory above the budget.
+``logging`` (logger ``polygrad.monitor``) on NaN/Inf gradients, an op whose output has a NaN
+although its inputs have none (a NaN-producing kernel, or 0/0, inf-inf in the user's math),
+an exploding gradient norm and memory above the budget.
+
+A monitor records the ops of the thread that started it (``all_threads=True``: of every thread),
+so two threads, each with its own monitor, never see each other's work.
 
 Cost: the event hooks are called only while some plugin implements them, and the monitor is
 registered only while it is enabled (inside ``with``, or between ``start()`` and ``stop()``;
@@ -27,6 +31,7 @@ import logging
 import math
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -80,6 +85,18 @@ def _sum_squares(g: Any) -> float:
     return float((arr * arr).sum())
 
 
+def _has_nan(t: Any) -> bool:
+    """Whether floating tensor ``t`` holds a NaN (on its own device; sparse: its values)."""
+    if t.dtype.kind != "f":
+        return False
+    t = getattr(t, "_values", t)
+    data = t._data
+    if not hasattr(data, "any"):
+        import numpy as np
+        data = np.asarray(t._be.to_numpy(data))
+    return bool((data != data).any())
+
+
 def _density(op: str, inputs: tuple, output: Any) -> tuple[int, int | None, int | None]:
     """(nnz, rows, cols) of the sparse operand of a sparse op, from shapes (and the node's pattern)."""
     node = getattr(output, "_node", None)
@@ -125,6 +142,7 @@ class StepRecord:
     layouts: Counter = field(default_factory=Counter)         # "op->layout" -> decisions
     layout_reasons: dict = field(default_factory=dict)        # "op->layout" -> last reason
     fallbacks: Counter = field(default_factory=Counter)       # "op/backend/layout: Error" -> times
+    nan_ops: Counter = field(default_factory=Counter)         # "op/backend/layout" -> NaN from NaN-free inputs
     warnings: list = field(default_factory=list)
     seconds: float = 0.0
 
@@ -147,6 +165,8 @@ class StepRecord:
         if self.layouts:
             parts.append("layouts " + ", ".join(f"{k}:{n}" for k, n in self.layouts.items()))
         parts.append(f"fallbacks {sum(self.fallbacks.values())}")
+        if self.nan_ops:
+            parts.append(f"nan-producing ops {sum(self.nan_ops.values())}")
         if self.warnings:
             parts.append(f"warnings {len(self.warnings)}")
         parts.append(f"{self.seconds:.3g} s")
@@ -163,7 +183,7 @@ class StepRecord:
             "backward_seconds": self.backward_seconds, "rss_bytes": self.rss_bytes,
             "peak_rss_bytes": self.peak_rss_bytes, "gpu_bytes": self.gpu_bytes,
             "layouts": dict(self.layouts), "layout_reasons": dict(self.layout_reasons),
-            "fallbacks": dict(self.fallbacks), "warnings": list(self.warnings), "seconds": self.seconds,
+            "fallbacks": dict(self.fallbacks), "nan_ops": dict(self.nan_ops), "warnings": list(self.warnings), "seconds": self.seconds,
         }
 
 
@@ -191,10 +211,19 @@ class Monitor:
         warn when a gradient norm exceeds this absolute value (None: no absolute limit).
     warmup:
         backward passes seen before the relative explosion test starts.
+    check_nan:
+        check every op's output for NaN (one pass over it) and warn, once per op, when NaN-free
+        inputs gave a NaN output.
+    all_threads:
+        record the ops of every thread, not only of the thread that called ``start()``.
     """
 
     def __init__(self, memory_budget: int | None = None, explode_factor: float = 10.0,
-                 max_grad_norm: float | None = None, warmup: int = 3, logger: logging.Logger | None = None):
+                 max_grad_norm: float | None = None, warmup: int = 3, logger: logging.Logger | None = None,
+                 check_nan: bool = True, all_threads: bool = False):
+        self.check_nan = check_nan
+        self.all_threads = all_threads
+        self._thread: int | None = None
         self.memory_budget = memory_budget if memory_budget is not None else _default_budget()
         self.explode_factor = explode_factor
         self.max_grad_norm = max_grad_norm
@@ -214,6 +243,7 @@ class Monitor:
         from .registry import registry
         if not self.enabled:
             registry.load()
+            self._thread = threading.get_ident()
             registry.register_plugin(self, f"polygrad-monitor-{id(self)}")
             self.enabled = True
             self._t0 = time.perf_counter()
@@ -239,6 +269,8 @@ class Monitor:
     def resume(self) -> None:
         from .registry import registry
         if not self.enabled:
+            if self._thread is None:
+                self._thread = threading.get_ident()
             registry.register_plugin(self, f"polygrad-monitor-{id(self)}")
             self.enabled = True
 
@@ -251,7 +283,14 @@ class Monitor:
     # -- event hooks ------------------------------------------------------------------------------
     @hookimpl
     def polygrad_op_executed(self, op: str, backend: str, layout: str, inputs: tuple, output: Any) -> None:
+        if not self._mine():
+            return
         cur = self._current
+        if self.check_nan and _has_nan(output) and not any(_has_nan(t) for t in inputs):
+            key = f"{op}/{backend}/{layout}"
+            if key not in cur.nan_ops:
+                self._warn(f"op '{op}' on backend {backend!r} ({layout}) produced NaN from NaN-free inputs")
+            cur.nan_ops[key] += 1
         cur.ops[(op, backend, layout)] += 1  # a tuple key: formatting waits for the report
         if backend == "cupy":
             self._uses_gpu = True
@@ -272,12 +311,16 @@ class Monitor:
     @hookimpl
     def polygrad_layout_chosen(self, op: str, shape: tuple, nnz: int, density: float, layout: str,
                                reason: str) -> None:
+        if not self._mine():
+            return
         key = f"{op}->{layout}"
         self._current.layouts[key] += 1
         self._current.layout_reasons[key] = f"{reason} (shape {tuple(shape)}, density {density:.3g})"
 
     @hookimpl
     def polygrad_fallback(self, op: str, backend: str, layout: str, exception: BaseException) -> None:
+        if not self._mine():
+            return
         key = f"{op}/{backend}/{layout}: {type(exception).__name__}"
         first = key not in self._current.fallbacks
         self._current.fallbacks[key] += 1
@@ -287,6 +330,8 @@ class Monitor:
 
     @hookimpl
     def polygrad_backward_finished(self, num_nodes: int, seconds: float, grads: list) -> None:
+        if not self._mine():
+            return
         cur = self._current
         cur.backward_seconds += seconds
         total = 0.0
@@ -397,9 +442,13 @@ class Monitor:
         }
 
     # -- internals ----------------------------------------------------------------------------------
+    def _mine(self) -> bool:
+        """Whether the event comes from a thread this monitor records."""
+        return self.all_threads or threading.get_ident() == self._thread
+
     @staticmethod
     def _has_activity(r: StepRecord) -> bool:
-        return bool(r.ops or r.grad_norms or r.layouts or r.fallbacks or r.metrics or r.warnings)
+        return bool(r.ops or r.grad_norms or r.layouts or r.fallbacks or r.metrics or r.warnings or r.nan_ops)
 
     def _warn(self, message: str) -> None:
         self._current.warnings.append(message)

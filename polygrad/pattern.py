@@ -22,6 +22,8 @@ from typing import Any, Callable
 import numpy as np
 from scipy.sparse import _sparsetools
 
+from . import memory
+
 
 def indptr_from_rows(rows: np.ndarray, nrows: int) -> np.ndarray:
     """CSR row pointers (int64 ``[nrows + 1]``) of row indices sorted ascending."""
@@ -29,6 +31,11 @@ def indptr_from_rows(rows: np.ndarray, nrows: int) -> np.ndarray:
     if rows.size:
         np.cumsum(np.bincount(rows, minlength=nrows), out=indptr[1:])
     return indptr
+
+
+def rows_of(indptr: np.ndarray) -> np.ndarray:
+    """The row of each entry (int64 ``[nnz]``) of CSR row pointers: the COO row array."""
+    return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
 
 
 def _int64(a: Any) -> np.ndarray:
@@ -111,6 +118,9 @@ class Pattern:
         self.indptr = indptr
         self.cols = cols
         self._rows = rows
+        for arr in (indptr, cols, rows):  # never mutated: enforced, so device caches stay valid
+            if isinstance(arr, np.ndarray):
+                arr.flags.writeable = False
         self.layout = layout
         self._transpose: tuple[Pattern, np.ndarray] | None = None
         self._device: dict[Any, Any] = {}
@@ -130,7 +140,7 @@ class Pattern:
         a one-off use on a large pattern that should not keep nnz more int64 entries alive."""
         if self._rows is not None:
             return self._rows
-        return np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+        return rows_of(self.indptr)
 
     @property
     def nnz(self) -> int:
@@ -152,6 +162,10 @@ class Pattern:
     def transpose(self) -> tuple["Pattern", np.ndarray]:
         """(pattern of Aᵀ, perm) with ``values_T = values[perm]``; computed once, then cached."""
         if self._transpose is None:
+            # budgeted before allocating: the column pointers follow the column count, which a
+            # hostile shape can make far larger than nnz (int64 indptr, perm, cols, a payload)
+            memory.check("transpose", 8 * (self.shape[1] + 1) + 24 * self.nnz,
+                         what=f"the transpose of a sparse {self.shape} pattern with {self.nnz} entries")
             # scipy's compiled CSR -> CSC: a counting sort by column that keeps rows ascending
             # within each column, i.e. canonical for Aᵀ; the payload gives the permutation
             n, m = self.shape

@@ -96,10 +96,11 @@ def _sum(items: list):
 def _max(items: list):
     """Max of a group; ties share the gradient evenly (same convention as the MAX VJP rule)."""
     vals = [_val(x) for x in items]
-    if any(v != v for v in vals):
-        return next(x for x, v in zip(items, vals) if v != v)
-    m = max(vals)
-    tied = [x for x, v in zip(items, vals) if v == m]
+    if any(v != v for v in vals):  # a NaN max: its gradient is shared by the NaN elements
+        tied = [x for x, v in zip(items, vals) if v != v]
+    else:
+        m = max(vals)
+        tied = [x for x, v in zip(items, vals) if v == m]
     if len(tied) == 1 or not any(isinstance(x, Value) for x in tied):
         return tied[0]
     return Value.sum_of(tied) * (1.0 / len(tied))
@@ -111,8 +112,11 @@ def _cast(x, dtype: np.dtype):
         return x if isinstance(x, Value) else float(v)
     if dtype.kind == "b":
         return bool(v)
-    if v != v or v in (sm.inf, -sm.inf):
-        return int(np.array(v).astype(dtype))  # numpy's (platform) result for nan/inf
+    if isinstance(v, float):
+        info = np.iinfo(dtype)
+        if not info.min <= v <= info.max:  # nan, inf, out of range: numpy's (platform) result
+            with np.errstate(invalid="ignore"):
+                return int(np.array(v).astype(dtype))
     return int(v)
 
 

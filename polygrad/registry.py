@@ -21,8 +21,9 @@ from typing import Any, Iterator
 import pluggy
 
 from . import hookspecs
-from .backend import Backend, KernelOverride
+from .backend import Backend, KernelOverride, contract_problem
 from .errors import BackendUnavailableError
+from .events import GuardedEvent
 from .ops import Op, kernel_key
 
 ENTRY_POINT_GROUP = "polygrad"
@@ -187,9 +188,14 @@ class Registry:
             self._priorities[key] = priority
 
     def _refresh_events(self) -> None:
+        # each listener is called through a guard: one that raises is disabled, never propagated
         for hook in EVENT_HOOKS:
-            caller = getattr(self.pm.hook, hook)
-            self.events[hook] = caller if caller.get_hookimpls() else None
+            guarded = GuardedEvent(hook, getattr(self.pm.hook, hook).get_hookimpls(), self._event_emptied)
+            self.events[hook] = guarded if guarded else None
+
+    def _event_emptied(self, hook: str) -> None:
+        """Every listener of ``hook`` was disabled: stop firing it (ops pay nothing again)."""
+        self.events[hook] = None
 
     # -- queries ------------------------------------------------------------------------------
     def _check(self, entry: _Entry) -> None:
@@ -201,6 +207,9 @@ class Registry:
         try:
             ok = bool(entry.backend.is_available())
             entry.reason = "" if ok else str(entry.backend.unavailable_reason())
+            if ok:  # an available backend whose array methods break the contract would fail every op
+                entry.error = entry.reason = contract_problem(entry.backend)
+                ok = not entry.reason
         except BaseException as exc:  # noqa: BLE001 - a broken backend must not break us
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -254,6 +263,25 @@ def resolve(name: "str | Backend | None" = None) -> Backend:
                 "(an entry point in the group 'polygrad', or pg.register_plugin)")
         return name
     return registry.get(get_backend() if name is None or (isinstance(name, str) and not name) else name)
+
+
+def owner_of(array: Any) -> Backend | None:
+    """The available backend whose ``owns(array)`` is true (the selected one first), or None.
+
+    Lets ``pg.tensor(x)`` keep a backend's native array on that backend.  A backend whose
+    ``owns`` raises is treated as not owning it."""
+    registry.load()
+    current = registry.entries.get(get_backend())
+    for entry in ([current] if current else []) + list(registry.entries.values()):
+        if entry.backend is None:
+            continue
+        registry._check(entry)
+        try:
+            if entry.available and entry.backend.owns(array):
+                return entry.backend
+        except Exception:  # noqa: BLE001 - a broken owns() must not break pg.tensor
+            continue
+    return None
 
 
 def set_backend(name: str) -> None:

@@ -14,14 +14,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import dispatch
+from . import dispatch, sharing
 from .dispatch import apply
 from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
 from . import memory
 from .errors import DTypeError, GraphError, IndexOutOfRangeError, MemoryBudgetError, PolygradError, ShapeError
 from .inference import check_dims, normalize_axes
 from .ops import Op
-from .registry import resolve
+from .registry import owner_of, resolve
+from .torch_names import accept_torch_names
 
 _rng = np.random.default_rng()
 
@@ -59,6 +60,17 @@ class Tensor:
         t._node = None
         t.name = None
         return t
+
+    @classmethod
+    def from_backend(cls, array: Any, backend: Any = None, requires_grad: bool = False) -> "Tensor":
+        """Wrap a backend's own array without copying it (``pg.tensor`` copies through the host):
+        for arrays that live elsewhere -- a device, a cluster's workers -- built by a plugin."""
+        be = resolve(backend)
+        if not be.owns(array):
+            raise DTypeError(f"Tensor.from_backend: backend {be.name!r} does not own a "
+                             f"{type(array).__name__}")
+        t = cls._make(array, be, tuple(be.shape(array)), be.dtype(array))
+        return t.requires_grad_() if requires_grad else t
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -108,7 +120,12 @@ class Tensor:
 
     # -- conversion ---------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        return self._be.to_numpy(self._data)
+        """The values as a numpy array -- on the numpy backend the storage itself (shared, as
+        PyTorch's ``Tensor.numpy()``): writing into it changes the tensor, and caches derived
+        from the storage re-validate from then on (see docs/reliability.md)."""
+        arr = self._be.to_numpy(self._data)
+        sharing.exported(self._data, arr)
+        return arr
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -119,11 +136,17 @@ class Tensor:
         from .interop import dlpack_source
         if stream is not None:
             kwargs["stream"] = stream
+        sharing.mark_shared(self._data)  # the consumer may write through the capsule
         return dlpack_source(self).__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
         from .interop import dlpack_source
         return dlpack_source(self).__dlpack_device__()
+
+    def __reduce__(self):
+        """Pickle as values + backend name (+ requires_grad, grad, name); see polygrad.pickling."""
+        from .pickling import reduce_tensor
+        return reduce_tensor(self)
 
     def tolist(self):
         return self.numpy().tolist()
@@ -131,13 +154,23 @@ class Tensor:
     def item(self) -> float | int | bool:
         if self.numel != 1:
             raise ShapeError(f"item() needs a single-element tensor, got shape {self.shape}")
-        return self.numpy().reshape(()).item()
+        value = self.numpy().reshape(()).item()
+        rec = dispatch._recording.get()
+        if rec is not None:  # pg.compile: a float returned by the step is replayed from this tensor
+            rec.item(self, value)
+        return value
 
     def detach(self) -> "Tensor":
         return Tensor._make(self._data, self._be, self.shape, self.dtype)
 
     def to(self, backend: Any) -> "Tensor":
-        """Copy to another backend (e.g. ``t.to("cupy")``).  The copy is a new leaf."""
+        """Copy to another backend (e.g. ``t.to("cupy")``).  The copy is a new leaf.
+
+        Differs from PyTorch on purpose: PyTorch's ``.to`` is differentiable (gradients flow back
+        to the source); here it moves data between backends and starts a new leaf (which requires
+        grad if this tensor was a leaf that did), because one graph never mixes backends.  To
+        move a model, use :meth:`polygrad.nn.Module.to`, which moves parameters in place.
+        """
         be = resolve(backend)
         if be is self._be:
             return self
@@ -246,7 +279,8 @@ class Tensor:
     def mean(self, axis=None, keepdims: bool = False): return mean(self, axis, keepdims)
     def max(self, axis=None, keepdims: bool = False): return max(self, axis, keepdims)
     def min(self, axis=None, keepdims: bool = False): return min(self, axis, keepdims)
-    def argmax(self, axis=None): return argmax(self, axis)
+    def argmax(self, axis=None, keepdims: bool = False): return argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims: bool = False): return argmin(self, axis, keepdims)
     def softmax(self, axis: int = -1): return softmax(self, axis)
     def log_softmax(self, axis: int = -1): return log_softmax(self, axis)
     def logsumexp(self, axis=None, keepdims: bool = False): return logsumexp(self, axis, keepdims)
@@ -329,6 +363,9 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
            layout: str = "dense", **sparse_kwargs) -> Tensor:
     """Make a tensor from Python data, a numpy array, another tensor or a backend array.
 
+    The data is always copied, as PyTorch's ``torch.tensor``: later writes into ``data`` do
+    not change the tensor.  :func:`from_numpy` shares the memory instead.
+
     ``layout="auto"`` lets the cost model store a mostly-zero matrix sparse; "csr"/"coo" force it.
     """
     if layout != "dense":
@@ -336,6 +373,8 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
         return from_dense_data(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
                                layout=layout, **sparse_kwargs)
     be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
+    if backend is None and not isinstance(data, (Tensor, np.ndarray, np.generic, list, tuple, Number)):
+        be = owner_of(data) or be  # a backend's own array (a torch tensor, a cupy array) stays on it
     if isinstance(data, Tensor):
         array = data.numpy()
     elif be.owns(data):
@@ -360,8 +399,36 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
         target = infer_from_data(array.tolist() if array.ndim == 0 else array.dtype.type(0).item())
     if array.dtype.kind not in "fiub":
         raise DTypeError(f"pg.tensor: unsupported dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=target).reshape(array.shape)  # keeps 0-d tensors 0-d
+    # always a copy (as torch.tensor): the user's later writes into their array must not reach
+    # the tensor, nor the caches derived from it; pg.from_numpy is the zero-copy way
+    need = memory.nbytes(array.shape, target)
+    if need >= memory.CHECK_FLOOR:
+        memory.check("pg.tensor", need, backend=be, what=f"a {np.dtype(target)} copy of shape {array.shape}")
+    array = np.array(array, dtype=target, order="C", copy=True).reshape(array.shape)  # 0-d stays 0-d
     t = tensor_from_numpy(array, be)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def from_numpy(array: np.ndarray, requires_grad: bool = False, backend: Any = None) -> Tensor:
+    """A tensor that shares ``array``'s memory (zero-copy, as ``torch.from_numpy``).
+
+    Writes into ``array`` change the tensor and the other way round; caches polygrad derives
+    from the tensor (e.g. a sparse form of a matmul operand) re-validate against the content
+    before each use.  On a backend whose memory is not the host's (cupy, scalar) the array is
+    copied, since sharing is impossible.  ``array`` must be a C-contiguous numeric numpy array.
+    """
+    if not isinstance(array, np.ndarray):
+        raise DTypeError(f"pg.from_numpy: needs a numpy array, got {type(array).__name__} (use pg.tensor)")
+    if array.dtype.kind not in "fiub":
+        raise DTypeError(f"pg.from_numpy: unsupported dtype {array.dtype}")
+    if not array.flags.c_contiguous:
+        raise ShapeError(f"pg.from_numpy: the array of shape {array.shape} is not C-contiguous (strides "
+                         f"{array.strides}); pass np.ascontiguousarray(array), or use pg.tensor to copy")
+    be = resolve(backend)
+    t = tensor_from_numpy(array, be)
+    sharing.exported(t._data, array)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -560,10 +627,14 @@ def abs(x: Tensor) -> Tensor:  # noqa: A001 - |x| = max(x, -x); gradient 0 at 0 
 
 
 def clip(x: Tensor, lo=None, hi=None) -> Tensor:
+    """``x`` limited to ``[lo, hi]``.  As PyTorch's clamp, the gradient w.r.t. ``x`` is 1 on the
+    closed interval (its bounds included), 0 outside and at NaN (which stays NaN); a tensor bound
+    gets the gradient where it is the one taken."""
+    # inside the bounds: x; outside: the bound; NaN: stays NaN with gradient 0 (PyTorch)
     if lo is not None:
-        x = maximum(x, lo)
+        x = where(x >= lo, x, where(x < lo, lo, x.detach()))
     if hi is not None:
-        x = minimum(x, hi)
+        x = where(x <= hi, x, where(x > hi, hi, x.detach()))
     return x
 
 
@@ -612,23 +683,36 @@ def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
 
 def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The maximum over ``axis`` (all axes by default).  ``max(dim=1)`` gives the values only -- numpy's
+    ``amax``, PyTorch's ``torch.amax`` -- not PyTorch's ``(values, indices)``: use ``argmax`` for those."""
     return apply(Op.MAX, (x,), {"axes": normalize_axes(Op.MAX, axis, x.ndim), "keepdims": keepdims})
 
 
 def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The minimum over ``axis``; like :func:`max`, the values only (``argmin`` gives the indices)."""
     if x.dtype.kind in "ub":  # negation would wrap (unsigned) or is undefined (bool)
         return (-max(-x.cast(int64), axis, keepdims)).cast(x.dtype)
     return -max(-x, axis, keepdims)
 
 
-def argmax(x: Tensor, axis=None) -> Tensor:
-    """Index of the maximum (no gradient); computed on the host."""
+def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the maximum (no gradient); computed on the host.  Ties: the first index."""
+    return _arg_extreme("argmax", np.argmax, x, axis, keepdims)
+
+
+def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the minimum (no gradient); computed on the host.  Ties: the first index."""
+    return _arg_extreme("argmin", np.argmin, x, axis, keepdims)
+
+
+def _arg_extreme(name: str, np_fn, x: Tensor, axis, keepdims: bool) -> Tensor:
     if axis is not None:
-        axis = _dim_arg("argmax", axis, builtins.max(x.ndim, 1))
+        axis = _dim_arg(name, axis, builtins.max(x.ndim, 1))
     if x.numel == 0 or (axis is not None and x.ndim and x.shape[axis] == 0):
-        raise ShapeError(f"argmax: reduction over an empty axis of shape {x.shape} has no identity")
+        raise ShapeError(f"{name}: reduction over an empty axis of shape {x.shape} has no identity")
     arr = x.numpy()
-    return tensor(np.argmax(arr, axis=axis), dtype=int64, backend=x._be)
+    out = np_fn(arr, axis=axis, keepdims=bool(keepdims)) if x.ndim else np_fn(arr)
+    return tensor(out, dtype=int64, backend=x._be)
 
 
 def _shift(x: Tensor, axis) -> Tensor:
@@ -939,3 +1023,15 @@ def segment_sum(values: Tensor, pattern) -> Tensor:
 def segment_max(values: Tensor, pattern) -> Tensor:
     """Row maxima over the nonzeros (no gradient; empty rows give 0)."""
     return apply(Op.SEGMENT_MAX, (values,), {"pattern": pattern}, pattern.layout)
+
+
+# -- PyTorch's names ------------------------------------------------------------------------------------
+# dim=/keepdim= wherever axis=/keepdims= are taken (see polygrad.torch_names); wrapped here, once,
+# so each op keeps one signature in numpy's names.
+sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax, concat, stack = (  # noqa: A001
+    accept_torch_names(f) for f in (sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax,
+                                    concat, stack))
+cat = concat
+for _name in ("sum", "mean", "max", "min", "argmax", "argmin", "logsumexp", "softmax", "log_softmax"):
+    setattr(Tensor, _name, accept_torch_names(getattr(Tensor, _name), f"Tensor.{_name}"))
+del _name

@@ -70,6 +70,8 @@ def _copy_tensor(t: Tensor) -> Tensor:
     # a private copy: the snapshot must not change if someone writes into the live storage
     if getattr(t, "layout", "dense") != "dense":
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
+    if t._be.lazy:  # a lazy backend's arrays are immutable values: sharing one is a copy
+        return t.detach()
     return pg.tensor(t.numpy().copy(), backend=t.backend)
 
 
@@ -89,10 +91,29 @@ def _split(out: Any) -> tuple[Tensor, dict[str, Any]]:
     return out, {}
 
 
+def _check_loss(loss: Any) -> None:
+    if not isinstance(loss, Tensor) or loss.numel != 1:
+        raise TypeError(f"fit: loss_fn must return a single-element tensor, got "
+                        f"{getattr(loss, 'shape', type(loss).__name__)}")
+
+
+def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) -> Callable[[], Any]:
+    """zero_grad + loss_fn + backward as one compiled step (``pg.compile``); the optimizer steps
+    outside it, after the rollback decision, exactly as in the eager loop."""
+    def forward_backward() -> tuple[Tensor, dict[str, Any]]:
+        optimizer.zero_grad()
+        loss, metrics = _split(loss_fn())
+        _check_loss(loss)
+        loss.backward()
+        return loss, metrics
+
+    return pg.compile(forward_backward, modules=[model])
+
+
 def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs: int, *,
         rollback_threshold: float | None = 0.05, lr_decay: float = 0.5, max_rollbacks: int = 10,
         checkpoint_every: int = 1, checkpoint_path: Any = None,
-        callback: Callable[[EpochRecord], Any] | None = None) -> History:
+        callback: Callable[[EpochRecord], Any] | None = None, compile: bool = False) -> History:
     """Train ``model`` for ``epochs`` full-batch steps of ``optimizer`` on ``loss_fn()``.
 
     ``loss_fn()`` returns the scalar loss tensor, or ``(loss, metrics)`` with a dict of extra
@@ -102,6 +123,11 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     Rollback: see the module docstring.  ``rollback_threshold=None`` turns it off.  After
     ``max_rollbacks`` rollbacks training stops (``History.stop_reason`` says why).  A NaN/Inf
     loss before any good checkpoint exists raises :class:`~polygrad.errors.NonFiniteError`.
+
+    ``compile=True`` runs zero_grad, ``loss_fn()`` and backward as one :func:`polygrad.compile`
+    step (replayed kernels after the first epochs; same numbers as eager).  The backward then
+    runs before the rollback decision, whose rolled-back epochs discard the gradients; metrics
+    must be tensors (or floats read with ``.item()``), since ``loss_fn`` is not re-run on replay.
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
@@ -113,14 +139,26 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
         raise ValueError(f"fit: checkpoint_every must be >= 1, got {checkpoint_every}")
 
     history = History()
+    step = _compiled_step(model, optimizer, loss_fn) if compile else None
     good: _Snapshot | None = None
     model.train()
     for epoch in range(epochs):
         t0 = time.perf_counter()
-        loss, metrics = _split(loss_fn())
-        if not isinstance(loss, Tensor) or loss.numel != 1:
-            raise TypeError(f"fit: loss_fn must return a single-element tensor, got "
-                            f"{getattr(loss, 'shape', type(loss).__name__)}")
+        if step is not None:
+            loss, metrics = step()  # zero_grad + forward + backward, compiled
+            backward_done = True
+        else:
+            loss, metrics = _split(loss_fn())
+            _check_loss(loss)
+            backward_done = False
+        if loss._be.lazy:
+            # a lazy backend computes what is read: run backward first, so the loss and the
+            # gradients are materialised together and the forward pass runs once, not twice
+            if not backward_done:
+                optimizer.zero_grad()
+                loss.backward()
+                backward_done = True
+            pg.materialize(loss, *(p.grad for p in optimizer._params()))
         value = float(loss.item())
         lr = optimizer.current_lr()
         rise_too_big = (good is not None and rollback_threshold is not None
@@ -149,8 +187,9 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                              "loss": value}, checkpoint_path)
             if value < history.best_loss:
                 history.best_loss, history.best_epoch = value, epoch
-            optimizer.zero_grad()
-            loss.backward()
+            if not backward_done:
+                optimizer.zero_grad()
+                loss.backward()
             optimizer.step()
             record = EpochRecord(epoch, epochs, value, lr, False, time.perf_counter() - t0, metrics)
         history.records.append(record)

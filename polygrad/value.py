@@ -48,15 +48,19 @@ Numerical conventions
   ``Value(0.0) ** -1`` is ``inf``, ``Value(-8.0) ** 0.5`` is ``nan``, ``Value(0.0).log()`` is
   ``-inf``, ``Value(-1.0).log()`` is ``nan``, ``Value(1000.0).exp()`` is ``inf``.  The same holds
   inside ``backward`` (e.g. the derivative of ``sqrt`` at 0 is ``inf``).
+* Operands are Values and numbers (Python's and numpy's).  Anything else -- another engine's
+  ``Value``, a tensor, a list -- raises :class:`~polygrad.errors.DTypeError` (a ``TypeError``)
+  naming its type, where micrograd would silently nest it (``Value(data=Value(...))``).
 * ``relu``: derivative 0 at 0 (micrograd's convention).
 * ``maximum``: on a tie (``a == b``) the gradient is split 0.5 / 0.5 between both operands (the
   symmetric subgradient: the mean of the one-sided derivatives, which is also what a central
-  difference measures).  When a NaN is involved the result is NaN and the gradient is split the
-  same way.  So ``x.relu()`` and ``x.maximum(0)`` differ at exactly 0 (gradient 0 vs 0.5).
+  difference measures).  When a NaN is involved the result is NaN and both operands get the
+  whole gradient (PyTorch's convention).  So ``x.relu()`` and ``x.maximum(0)`` differ at exactly 0 (gradient 0 vs 0.5).
 * ``x ** y`` with a ``Value`` exponent: ``d/dx = y * x**(y-1)``, ``d/dy = x**y * log(x)``.
-  ``log(x)`` is only evaluated for ``x > 0``; for ``x == 0`` and ``y > 0`` the y-derivative is the
-  limit 0; otherwise (``x < 0``, or ``x == 0`` with ``y <= 0``) it is undefined and ``NaN`` is
-  added to ``y.grad`` -- and to whatever ``y`` was computed from.  ``x.grad`` is never poisoned by
+  ``log(x)`` is only evaluated for ``x > 0``; for ``x == 0`` and ``y >= 0`` the y-derivative is
+  the limit 0, for ``x == 0`` and ``y < 0`` it is ``x**y * log(0)`` (``-inf``), and for ``x < 0``
+  it is undefined and ``NaN`` is added to ``y.grad`` -- and to whatever ``y`` was computed from.
+  ``d/dx`` of ``x ** 0`` is 0 everywhere, 0 included (PyTorch's convention).  ``x.grad`` is never poisoned by
   it.  Use a plain number exponent (``x ** 2``) when the exponent needs no gradient: then no
   y-derivative is computed at all.
 * Gradients accumulate (``+=``) exactly like micrograd: call ``zero_grad`` (or set ``.grad = 0``)
@@ -67,7 +71,10 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from numbers import Number
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 from polygrad.errors import DTypeError, ShapeError
 
@@ -179,15 +186,28 @@ def _sigmoid(x: Any) -> float:
 
 
 def _dy_of_pow(x: Any, out: Any, y: Any) -> float:
-    """d(x**y)/dy = x**y * log(x), defined for x > 0 (and as the limit 0 for x == 0, y > 0)."""
+    """d(x**y)/dy = x**y * log(x), defined for x > 0 (and as the limit 0 for x == 0, y >= 0)."""
     if x > 0:
         return out * _log(x)
-    if x == 0 and y > 0:
-        return 0.0
+    if x == 0:  # PyTorch: 0 for y >= 0 (the limit), out * log(0) = +-inf for y < 0
+        return 0.0 if y >= 0 else out * -_INF
     return _NAN
 
 
 _new = object.__new__
+
+# The constants a Value computes with: Python and numpy numbers.  Anything else -- micrograd's own
+# Value, a tensor, a list -- would end up *inside* ``.data`` (``Value(data=Value(...))``) and fail
+# far away, so it is refused where it meets a Value.  The hot paths test ``x.__class__ is not
+# float and x.__class__ is not int`` inline (two identity checks, ~5 ns) before calling this.
+
+
+def _check_constant(x: Any, op: str) -> None:
+    if isinstance(x, (Number, np.generic)):
+        return
+    raise DTypeError(f"polygrad Value ({op}): got a {type(x).__module__}.{type(x).__qualname__}; a Value computes "
+                     "with polygrad Values and numbers only. Convert the other operand (float(x), or "
+                     "Value(x.data) for another engine's Value) instead of nesting two autograd engines")
 
 
 class Value:
@@ -204,6 +224,8 @@ class Value:
     grad: Any
 
     def __init__(self, data: Any, _children: Iterable["Value"] = (), _op: str = "") -> None:
+        if data.__class__ is not float and data.__class__ is not int:
+            _check_constant(data, "Value()")
         self.data = data
         self.grad = 0
         self._mark = None
@@ -277,6 +299,8 @@ class Value:
             out._b = other
             out._code = 20  # ADD
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "+")
             out.data = self.data + other
             out._code = 3  # ADDC
         out.grad = 0
@@ -293,6 +317,8 @@ class Value:
             out._b = other
             out._code = 21  # MUL
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "*")
             out.data = self.data * other
             out._arg = other
             out._code = 2  # MULC
@@ -310,6 +336,8 @@ class Value:
             out._b = other
             out._code = 22  # SUB
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "-")
             out.data = self.data - other
             out._code = 3  # ADDC
         out.grad = 0
@@ -318,6 +346,8 @@ class Value:
         return out
 
     def __rsub__(self, other: Any) -> "Value":
+        if other.__class__ is not float and other.__class__ is not int:
+            _check_constant(other, "-")
         out = _new(Value)
         out.data = other - self.data
         out.grad = 0
@@ -335,6 +365,8 @@ class Value:
             out._arg = r
             out._code = 23  # DIV
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "/")
             r = _pow(other, -1)
             out.data = self.data * r
             out._arg = r
@@ -345,6 +377,8 @@ class Value:
         return out
 
     def __rtruediv__(self, other: Any) -> "Value":
+        if other.__class__ is not float and other.__class__ is not int:
+            _check_constant(other, "/")
         out = _new(Value)
         out.data = _pow(self.data, -1) * other  # micrograd: other * self**-1
         out.grad = 0
@@ -361,6 +395,8 @@ class Value:
             out._b = other
             out._code = 24  # POW
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "**")
             try:
                 out.data = self.data ** other
             except (ZeroDivisionError, OverflowError):
@@ -376,6 +412,8 @@ class Value:
         return out
 
     def __rpow__(self, other: Any) -> "Value":
+        if other.__class__ is not float and other.__class__ is not int:
+            _check_constant(other, "**")
         out = _new(Value)
         out.data = _pow(other, self.data)
         out.grad = 0
@@ -394,6 +432,8 @@ class Value:
             out._b = other
             out._code = 25  # MAX
         else:
+            if other.__class__ is not float and other.__class__ is not int:
+                _check_constant(other, "maximum")
             b = other
             out._arg = other
             out._code = 13  # MAXC
@@ -495,6 +535,8 @@ class Value:
                 total = total + v.data
                 push(v)
             else:
+                if v.__class__ is not float and v.__class__ is not int:
+                    _check_constant(v, "sum_of")
                 total = total + v
         out = _new(Value)
         out.data = total
@@ -599,8 +641,8 @@ def _run(order: Sequence[Value]) -> None:
             b = v._b
             a.grad += b.data * g
             b.grad += a.data * g
-        elif c == 1:  # RELU
-            v._a.grad += (v.data > 0) * g
+        elif c == 1:  # RELU: 0 at and below 0, 1 above -- and at NaN (PyTorch)
+            v._a.grad += (not v.data <= 0) * g
         elif c == 40:  # SUM
             for a in v._arg:
                 a.grad += g
@@ -611,6 +653,8 @@ def _run(order: Sequence[Value]) -> None:
         elif c == 4:  # POWC (micrograd: (c * x**(c-1)) * g)
             a = v._a
             k = v._arg
+            if k == 0:  # x ** 0 is the constant 1: derivative 0, even at x == 0 (PyTorch)
+                continue
             try:
                 d = a.data ** (k - 1)
             except (ZeroDivisionError, OverflowError):
@@ -650,7 +694,8 @@ def _run(order: Sequence[Value]) -> None:
             b = v._b
             x = a.data
             y = b.data
-            a.grad += (y * _pow(x, y - 1)) * g
+            if y != 0:  # x ** 0 is the constant 1: derivative 0, even at x == 0 (PyTorch)
+                a.grad += (y * _pow(x, y - 1)) * g
             b.grad += _dy_of_pow(x, v.data, y) * g
         elif c == 25:  # MAX
             a = v._a
@@ -661,18 +706,23 @@ def _run(order: Sequence[Value]) -> None:
                 a.grad += g
             elif y > x:
                 b.grad += g
-            else:  # tie (or NaN): split
+            elif x == y:  # tie: split
                 h = 0.5 * g
                 a.grad += h
                 b.grad += h
+            else:  # a NaN: both get all of it (PyTorch)
+                a.grad += g
+                b.grad += g
         elif c == 13:  # MAXC
             a = v._a
             x = a.data
             y = v._arg
             if x > y:
                 a.grad += g
-            elif not y > x:  # tie (or NaN)
+            elif x == y:  # tie
                 a.grad += 0.5 * g
+            elif not y > x:  # a NaN (PyTorch: the whole gradient)
+                a.grad += g
         elif c == 14:  # RPOWC: c ** x
             v._a.grad += _dy_of_pow(v._arg, v.data, v._a.data) * g
         elif c == 41:  # CUSTOM

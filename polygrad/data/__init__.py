@@ -6,6 +6,9 @@
 * :func:`stochastic_block_model` — a small synthetic labelled graph with the same interface,
   the embedded default for the GCN demo; :func:`random_graph` — large random ``edge_index``
   for benchmarks.
+* :class:`Batch` / :func:`collate` — small graphs merged block-diagonally with a ``batch`` vector;
+  :func:`random_graph_families` — a generated graph-classification dataset;
+  :class:`NeighborSampler` — seeded, vectorised GraphSAGE fan-out sampling of sub-graphs.
 * helpers: :class:`CSRMatrix` (features), :class:`GraphDataset`, :func:`row_normalize`,
   :func:`normalized_adjacency`, :func:`standardize`, :func:`train_test_split`, ...
 
@@ -40,6 +43,8 @@ from .preprocess import (
     train_test_split,
 )
 from .synthetic import random_graph, stochastic_block_model
+from .batch import Batch, Graph, collate, iterate_batches, random_graph_families
+from .sampler import NeighborSampler, SampledGraph
 
 __all__ = [
     # toy data
@@ -68,4 +73,7 @@ __all__ = [
     "coalesce_edge_index",
     "to_undirected",
     "edge_index_to_csr",
+    # many graphs, big graphs
+    "Graph", "Batch", "collate", "iterate_batches", "random_graph_families",
+    "NeighborSampler", "SampledGraph",
 ]

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.errors import DataError
+from polygrad import memory
+from polygrad.errors import DataError, MemoryBudgetError
 
 from .preprocess import as_generator, standardize, train_test_split
 
@@ -51,6 +52,10 @@ def make_moons(n_samples: int = 100, noise: float | None = 0.1, seed: Any = None
         raise DataError(f"make_moons: n_samples must be an int, got {type(n_samples).__name__}")
     if n_samples < 2:
         raise DataError(f"make_moons: n_samples must be >= 2 (one point per moon), got {n_samples}")
+    try:  # X, y and numpy's temporaries: about 6 float64 per point, refused before allocating
+        memory.check("make_moons", int(n_samples) * 48, what=f"{n_samples} points")
+    except MemoryBudgetError as exc:
+        raise DataError(f"make_moons: n_samples={n_samples} is too many: {exc}") from None
     if noise is None:
         noise = 0.0
     if isinstance(noise, (bool, np.bool_)) or not isinstance(noise, (int, float, np.integer, np.floating)):

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.errors import DataError, SparseIndexError
+from polygrad import memory
+from polygrad.errors import DataError, MemoryBudgetError, SparseIndexError
 
 from .preprocess import CSRMatrix, GraphDataset, index_to_mask, unique_sorted
 
@@ -182,6 +183,43 @@ class _Guarded:
         raise DataError("refusing to modify a loader function")
 
 
+def _budget(what: str, nbytes: int) -> None:
+    """DataError (not an allocation) when a file asks for more than the memory budget."""
+    try:
+        memory.check("load_planetoid", nbytes, what=what)
+    except MemoryBudgetError as exc:
+        raise DataError(f"refused: {exc}") from None
+
+
+def _sized(fn: Any, name: str) -> Any:
+    """``bytes``/``bytearray`` for pickles, without the size form: ``bytearray(3_000_000_000)``
+    asks for memory the file does not contain (pickled data always passes its content)."""
+    def make(*args: Any) -> Any:
+        if args and isinstance(args[0], int):
+            raise DataError(f"refused: the pickle calls {name}({args[0]}), asking for {args[0]} bytes "
+                            "that the file does not contain (Planetoid pickles pass their data)")
+        return fn(*args)
+    return make
+
+
+def _empty_reconstruct(recon_fn: Any) -> Any:
+    """numpy's ``_reconstruct(cls, shape, dtype)`` allocates ``shape`` at once; numpy's own
+    pickles pass shape (0,) and fill the array from the file's bytes in ``__setstate__``
+    (which checks them), so any other shape is a hostile allocation request."""
+    def reconstruct(cls: Any, shape: Any, dtype: Any) -> Any:
+        try:
+            n = 1
+            for s in (shape if isinstance(shape, (tuple, list)) else (shape,)):
+                n *= int(s)
+        except Exception as exc:  # noqa: BLE001 - whatever the pickle passed, it is malformed
+            raise DataError(f"malformed pickled array header ({type(exc).__name__}: {exc})") from None
+        if n != 0:
+            raise DataError(f"refused: the pickle reconstructs an array of shape {shape!r:.60} before "
+                            "its data (numpy's own pickles start from an empty one)")
+        return recon_fn(cls, shape, dtype)
+    return reconstruct
+
+
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     """The numpy globals numpy's own pickles use, resolved from numpy itself."""
     recon_fn, _args = np.zeros(1).__reduce__()[:2]
@@ -189,7 +227,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray,
                                            ("numpy", "dtype"): np.dtype}
     for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        allowed[(mod, "_reconstruct")] = recon_fn
+        allowed[(mod, "_reconstruct")] = _Guarded(_empty_reconstruct(recon_fn))
         allowed[(mod, "scalar")] = scalar_fn
     return allowed
 
@@ -207,7 +245,8 @@ for _mod in ("builtins", "__builtin__"):
                         ("frozenset", frozenset), ("int", int), ("long", int), ("float", float),
                         ("complex", complex), ("bool", bool), ("str", str), ("unicode", str),
                         ("bytes", bytes), ("bytearray", bytearray), ("object", object)):
-        _ALLOWED_GLOBALS[(_mod, _name)] = _obj
+        _ALLOWED_GLOBALS[(_mod, _name)] = (_Guarded(_sized(_obj, _name)) if _obj in (bytes, bytearray)
+                                           else _obj)
 for _mod in ("scipy.sparse.csr", "scipy.sparse._csr", "scipy.sparse"):
     _ALLOWED_GLOBALS[(_mod, "csr_matrix")] = _SparseStandIn
     _ALLOWED_GLOBALS[(_mod, "csr_array")] = _CsrArrayStandIn
@@ -252,8 +291,10 @@ class RestrictedUnpickler(pickle.Unpickler):
 def _unpickle(data: bytes, source: str) -> Any:
     try:
         obj = RestrictedUnpickler(io.BytesIO(data), source).load()
-    except DataError:
-        raise
+    except DataError as exc:
+        if str(exc).startswith(source):
+            raise
+        raise DataError(f"{source}: {exc}") from None
     except RecursionError as exc:
         raise DataError(f"{source}: pickle nests too deeply") from exc
     except MemoryError as exc:
@@ -295,6 +336,7 @@ def read_planetoid_file(path: str | os.PathLike, part: str | None = None) -> Any
     if part not in PLANETOID_PARTS:
         raise DataError(f"unknown Planetoid part {part!r}; expected one of {PLANETOID_PARTS}")
     try:
+        _budget(f"the file {p}", p.stat().st_size)
         raw = p.read_bytes()
     except FileNotFoundError:
         raise DataError(f"Planetoid file not found: {p}") from None
@@ -306,11 +348,11 @@ def read_planetoid_file(path: str | os.PathLike, part: str | None = None) -> Any
         try:
             text = raw.decode("ascii")
             ids = [int(tok) for tok in text.split()]
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise DataError(f"{src}: test.index must hold one integer per line ({exc})") from exc
+            arr = np.asarray(ids, dtype=np.int64)
+        except (UnicodeDecodeError, ValueError, OverflowError) as exc:
+            raise DataError(f"{src}: test.index must hold one int64 node id per line ({exc})") from exc
         if not ids:
             raise DataError(f"{src}: test.index is empty")
-        arr = np.asarray(ids, dtype=np.int64)
         if arr.min() < 0:
             raise DataError(f"{src}: test.index holds negative node ids")
         if unique_sorted(arr).size != arr.size:
@@ -548,6 +590,15 @@ def _assemble(key: str, parts: dict[str, Any], root: str) -> PlanetoidDataset:
     sorted_test = np.sort(test_index)
     lo, hi = int(sorted_test[0]), int(sorted_test[-1])
     span = hi - lo + 1
+    if lo != allx.shape[0]:
+        raise DataError(f"{where}: the smallest test id ({lo}) should equal the number of allx "
+                        f"rows ({allx.shape[0]})")
+    # the padded test block, the node arrays and the edge keys grow with the id range, which a
+    # hostile test.index can make 10^12 wide: budgeted before anything of that size exists
+    try:
+        _budget(f"{where}: test ids spanning {span} nodes", (lo + span) * (8 * 6 + 8 * num_classes))
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from None
     if span != test_index.shape[0]:
         # Isolated test ids without a row (CiteSeer): pad the block to the full id range;
         # row k of tx goes to slot sorted_test[k] - lo, exactly as PyG's tx_ext does.
@@ -564,9 +615,6 @@ def _assemble(key: str, parts: dict[str, Any], root: str) -> PlanetoidDataset:
         ty_ext = np.zeros((span, num_classes), dtype=ty.dtype)
         ty_ext[sorted_test - lo] = ty
         ty = ty_ext
-    if lo != allx.shape[0]:
-        raise DataError(f"{where}: the smallest test id ({lo}) should equal the number of allx "
-                        f"rows ({allx.shape[0]})")
 
     x = CSRMatrix.vstack([allx, tx])
     labels = np.argmax(np.concatenate([ally, ty], axis=0), axis=1).astype(np.int64)
@@ -594,9 +642,12 @@ def _assemble(key: str, parts: dict[str, Any], root: str) -> PlanetoidDataset:
 def _edge_index_from_dict(graph: dict[int, list[int]], num_nodes: int, where: str) -> np.ndarray:
     """PyG's ``edge_index_from_dict``: all (k, v) pairs, self loops removed, coalesced."""
     lens = np.fromiter((len(v) for v in graph.values()), dtype=np.int64, count=len(graph))
-    keys = np.fromiter(graph.keys(), dtype=np.int64, count=len(graph))
+    try:
+        keys = np.fromiter(graph.keys(), dtype=np.int64, count=len(graph))
+        col = np.fromiter((u for v in graph.values() for u in v), dtype=np.int64, count=int(lens.sum()))
+    except OverflowError:
+        raise DataError(f"{where}: the graph refers to node ids outside [0, {num_nodes})") from None
     row = np.repeat(keys, lens)
-    col = np.fromiter((u for v in graph.values() for u in v), dtype=np.int64, count=int(lens.sum()))
     if row.size and (min(row.min(), col.min()) < 0 or max(row.max(), col.max()) >= num_nodes):
         raise DataError(f"{where}: the graph refers to node ids outside [0, {num_nodes})")
     keep = row != col

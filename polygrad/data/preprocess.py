@@ -34,7 +34,7 @@ import numpy as np
 
 from polygrad.autodiff import no_grad
 from polygrad.errors import DataError, SparseIndexError
-from polygrad.pattern import Pattern
+from polygrad.pattern import Pattern, rows_of
 from polygrad.sparse import from_edge_index, gcn_norm
 
 __all__ = [
@@ -165,7 +165,7 @@ class CSRMatrix:
 
     def row_ids(self) -> np.ndarray:
         """int64 row index of every stored entry (the COO row array)."""
-        return Pattern(self.shape, self.indptr, self.indices).rows
+        return rows_of(self.indptr)
 
     def __repr__(self) -> str:
         return (f"CSRMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.data.dtype}, "
@@ -342,7 +342,8 @@ def _as_index_array(a: Any, name: str) -> np.ndarray:
 def _canonical_from_coo(row: np.ndarray, col: np.ndarray, data: np.ndarray,
                         shape: tuple[int, int]) -> CSRMatrix:
     """Canonical CSR (sorted, duplicates summed in input order) through polygrad's one canonicaliser."""
-    pattern, perm, slot = Pattern.from_coo(shape, row, col)
+    # copies: a pattern owns (and freezes) the index arrays it is handed, and these are the caller's
+    pattern, perm, slot = Pattern.from_coo(shape, np.array(row, dtype=np.int64), np.array(col, dtype=np.int64))
     data = np.asarray(data)
     if perm is not None:
         data = data[perm]

@@ -17,6 +17,10 @@ from .gcn import GCN, GCNConv, csr_to_tensor
 from .layers import MLP, Dropout, Identity, Linear, ReLU, Sequential, Sigmoid, Tanh, dropout
 from .losses import accuracy, cross_entropy, hinge, l2_penalty, max_margin, mse
 from .module import Module
+from .message_passing import MessagePassing
+from .convs import GATConv, GINConv, SAGEConv
+from .pool import global_add_pool, global_max_pool, global_mean_pool
+from .gnn_models import GAT, GIN, GraphSAGE
 from .utils import clip_grad_norm_, grad_norm
 
 __all__ = [
@@ -24,4 +28,6 @@ __all__ = [
     "GCNConv", "GCN", "csr_to_tensor", "dropout",
     "cross_entropy", "mse", "max_margin", "hinge", "l2_penalty", "accuracy",
     "clip_grad_norm_", "grad_norm", "init", "utils",
+    "MessagePassing", "GATConv", "SAGEConv", "GINConv", "global_add_pool", "global_mean_pool", "global_max_pool",
+    "GAT", "GraphSAGE", "GIN",
 ]

@@ -3,9 +3,11 @@
 ``H' = D^-1/2 (A + I) D^-1/2 (H W) + b``: the features are transformed first (``H W``, an SpMM
 when ``H`` is the sparse bag-of-words input) and then propagated over the normalised adjacency
 (another SpMM), so nothing ``N x N`` or ``N x F_in`` is ever made dense.  The normalised
-adjacency is computed once per graph and cached (``cached=True``), keyed by the identity of the
-graph object passed in, so passing a different graph recomputes it instead of silently reusing
-a stale one (PyG's ``cached=True`` would).
+adjacency is computed once per graph and cached (``cached=True``), keyed by the graph's
+*content* (a copy of the ``edge_index``, or of a sparse adjacency's pattern and values, compared
+on every call in O(E)), so passing a different graph -- or editing the same ``edge_index``
+array in place -- recomputes it instead of silently reusing a stale one (PyG's ``cached=True``
+would).
 """
 from __future__ import annotations
 
@@ -42,6 +44,24 @@ def csr_to_tensor(csr: Any, backend: Any = None, dtype: Any = None) -> Tensor:
     return _require("sparse_csr")(csr.indptr, csr.indices, values, csr.shape, backend=backend)
 
 
+def _fingerprint(graph: Any) -> tuple:
+    """Copies of what the adjacency is computed from (compared with np.array_equal on each call)."""
+    if is_sparse(graph):
+        p = graph.pattern
+        values = graph.values
+        return ("sparse", tuple(graph.shape), np.array(p.indptr), np.array(p.cols),
+                np.array(values._be.to_numpy(values._data)))
+    data = graph._be.to_numpy(graph._data) if isinstance(graph, Tensor) else np.asarray(graph)
+    return ("edge_index", np.array(data))
+
+
+def _same_fingerprint(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(
+        (np.array_equal(x, y, equal_nan=x.dtype.kind == "f" and y.dtype.kind == "f") and x.dtype == y.dtype)
+        if isinstance(x, np.ndarray) and isinstance(y, np.ndarray) else x == y
+        for x, y in zip(a, b))
+
+
 def _edge_index_array(graph: Any) -> np.ndarray:
     ei = graph.numpy() if isinstance(graph, Tensor) else np.asarray(graph)
     if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
@@ -69,13 +89,15 @@ class GCNConv(Module):
         self.add_self_loops = bool(add_self_loops)
         self.weight = _init.make(init, (self.in_channels, self.out_channels), dtype, backend)
         self.bias = _init.zeros((self.out_channels,), dtype, backend) if bias else None
-        self._cache_key: Any = None      # the graph object the cache was built from (kept alive)
+        self._cache_key: Any = None      # (fingerprint of the graph's content, num_nodes/backend/dtype)
         self._cache: Any = None
 
     def adjacency(self, graph: Any, num_nodes: int) -> Any:
         """The (normalised, cached) sparse propagation matrix for ``graph`` on ``num_nodes`` nodes."""
         key = (num_nodes, self.weight.backend, self.weight.dtype)
-        if self.cached and self._cache is not None and self._cache_key[0] is graph and self._cache_key[1] == key:
+        fingerprint = _fingerprint(graph) if self.cached else None
+        if (self.cached and self._cache is not None and self._cache_key[1] == key
+                and _same_fingerprint(self._cache_key[0], fingerprint)):
             return self._cache
         if is_sparse(graph):
             adj = graph
@@ -95,8 +117,15 @@ class GCNConv(Module):
         # an adjacency whose values carry gradient is rebuilt every call (a cached one would be
         # backpropagated through twice)
         if self.cached and not getattr(adj, "requires_grad", False):
-            self._cache_key, self._cache = (graph, key), adj
+            pg.materialize(adj)  # a lazy backend computes it once, not in every epoch's graph
+            self._cache_key, self._cache = (fingerprint, key), adj
         return adj
+
+    def _move_tensors(self, be: Any) -> None:
+        super()._move_tensors(be)
+        if self._cache_key is not None:  # the cached adjacency moved with the weights: keep using it
+            graph, (num_nodes, _, dtype) = self._cache_key
+            self._cache_key = (graph, (num_nodes, be.name, dtype))
 
     def propagate(self, x: Tensor, adj: Any) -> Tensor:
         """``adj @ (x @ W) + b`` for an already normalised ``adj``."""

@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import polygrad as pg
+from polygrad.capture import fresh
 from polygrad.tensor import rng as _rng
 from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
@@ -92,12 +93,18 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     target = x.values if sparse else x
     if target.dtype.kind != "f":
         raise pg.errors.DTypeError(f"dropout needs a floating tensor, got {target.dtype}")
-    # the mask is drawn and built in the target's dtype, in place: a float64 draw and product
-    # would hold ~4x the tensor's size in temporaries (1.6 GB for a 1M x 64 float32 layer)
-    draw_dtype = np.float32 if target.dtype == np.float32 else np.float64
-    mask_array = (_rng().random(target.shape, dtype=draw_dtype) >= p).astype(target.dtype)
-    mask_array *= 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    mask = pg.tensor(mask_array, backend=target.backend)
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    shape, dtype, backend = target.shape, target.dtype, target.backend
+    # drawn and built in the target's dtype, in place: a float64 draw and product would hold ~4x
+    # the tensor's size in temporaries (1.6 GB for a 1M x 64 float32 layer)
+    draw_dtype = np.float32 if dtype == np.float32 else np.float64
+
+    def draw() -> Tensor:  # a compiled step (pg.compile) calls this again on every replay
+        mask_array = (_rng().random(shape, dtype=draw_dtype) >= p).astype(dtype)
+        mask_array *= scale
+        return pg.tensor(mask_array, backend=backend)
+
+    mask = fresh(draw)
     if not sparse:
         return x * mask
     return x.with_values(x.values * mask)  # same pattern, dropped values (differentiable)

@@ -19,7 +19,10 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.errors import CheckpointError, ShapeError
+from polygrad.registry import resolve
 from polygrad.tensor import Tensor
+
+from .utils import move_tensor
 
 __all__ = ["Module"]
 
@@ -40,6 +43,10 @@ def _children(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         for key, item in value.items():
             if isinstance(key, str) and isinstance(item, (Module, Tensor)):
                 yield f"{prefix}.{key}", item
+
+
+def _copy_to(t: Tensor, be: Any) -> Tensor:
+    return t if t._be is be else t.detach().to(be)
 
 
 def _load_sparse(name: str, target: Any, value: Any) -> None:
@@ -121,6 +128,36 @@ class Module:
 
     def eval(self) -> "Module":
         return self.train(False)
+
+    # -- backends -------------------------------------------------------------------------------------
+    def to(self, backend: Any) -> "Module":
+        """Move every parameter, buffer and cached tensor (e.g. GCNConv's normalised adjacency) of
+        this module and its sub-modules to ``backend``, in place; returns ``self`` (as PyTorch).
+
+        Parameters keep their identity -- only their storage moves -- so an optimizer built before
+        the move keeps optimising them, and its state follows them at its next ``step()``.  Their
+        gradients move too.  Non-leaf tensors kept on a module (outputs of earlier forward passes)
+        are replaced by detached copies on ``backend``: a graph never spans two backends.
+        """
+        be = resolve(backend)
+        for module in list(self.modules()):
+            module._move_tensors(be)
+        return self
+
+    def _move_tensors(self, be: Any) -> None:
+        """Move the tensors held directly by this module (public and private attributes, and lists,
+        tuples and dicts of them) to backend ``be``; sub-modules are moved by :meth:`to`."""
+        for name, value in list(vars(self).items()):
+            # a private attribute is a cache that may hold the user's own tensor (GCNConv keeps a
+            # given adjacency as is): it gets a copy; parameters and buffers move in place
+            move = _copy_to if name.startswith("_") else move_tensor
+            if isinstance(value, Tensor):
+                setattr(self, name, move(value, be))
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):
+                moved = [move(v, be) if isinstance(v, Tensor) else v for v in value]
+                setattr(self, name, moved if isinstance(value, list) else type(value)(moved))
+            elif isinstance(value, dict) and any(isinstance(v, Tensor) for v in value.values()):
+                setattr(self, name, {k: move(v, be) if isinstance(v, Tensor) else v for k, v in value.items()})
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:

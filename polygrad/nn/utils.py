@@ -1,14 +1,48 @@
-"""Gradient utilities: ``clip_grad_norm_`` (dense and sparse gradients)."""
+"""Gradient utilities: ``clip_grad_norm_`` (dense and sparse gradients); ``move_tensor`` for ``Module.to``."""
 from __future__ import annotations
 
 import math
 from typing import Iterable
 
+from typing import Any
+
 import polygrad as pg
 from polygrad.errors import NonFiniteError
 from polygrad.tensor import Tensor
 
-__all__ = ["clip_grad_norm_", "grad_norm"]
+__all__ = ["clip_grad_norm_", "grad_norm", "move_tensor"]
+
+
+def move_tensor(t: Tensor, be: Any) -> Tensor:
+    """``t`` on backend ``be`` (a Backend object), for :meth:`Module.to`.
+
+    A leaf (parameter, buffer) moves *in place* and is returned: its storage (and its gradient)
+    is re-created on ``be`` while the tensor object stays the same, so whoever holds it -- an
+    optimizer, a shared weight -- sees the move.  A sparse leaf moves its stored values; its
+    pattern is host memory, converted per backend on first use.  A non-leaf cannot move in place
+    (its graph lives on the old backend); it comes back as a detached copy.
+    """
+    if t._be is be:
+        return t
+    if not t.is_leaf:
+        return t.detach().to(be)
+    if getattr(t, "layout", "dense") != "dense":
+        _move_storage(t.values, be)
+        t._be = be
+        t._grad_view = None
+    else:
+        _move_storage(t, be)
+    return t
+
+
+def _move_storage(t: Tensor, be: Any) -> None:
+    if t._be is be:
+        return
+    grad = t.grad
+    t._data = be.from_numpy(t.numpy())
+    t._be = be
+    if grad is not None:
+        t.grad = grad.to(be)
 
 
 def _dense_part(g: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import polygrad as pg
+from polygrad.capture import host_call
 from polygrad.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
@@ -48,6 +49,10 @@ class Optimizer:
     ``lr_schedule``: a callable of the step number (0 for the first ``step()``) returning a
     *multiplier* of each group's ``lr`` (PyTorch's LambdaLR convention); with ``lr=1.0`` it is
     the learning rate itself, e.g. micrograd's ``lambda k: 1.0 - 0.9 * k / 100``.
+    PyTorch's schedulers (:mod:`polygrad.optim.lr_scheduler`) write the groups' ``lr`` instead.
+
+    A parameter moved to another backend (``Module.to``) keeps its identity, and its state here
+    is re-created on that backend at the next ``step()``.
     """
 
     #: hyper-parameters every group gets (subclasses extend)
@@ -134,6 +139,7 @@ class Optimizer:
             g["lr"] *= factor
 
     def zero_grad(self) -> None:
+        host_call(self.zero_grad, idempotent=True)  # pg.compile replays this call
         for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
@@ -142,11 +148,14 @@ class Optimizer:
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a gradient; returns ``closure()`` if given."""
+        host_call(self.step, idempotent=False, replayable=closure is None)  # pg.compile replays it
         loss = None
         if closure is not None:
             with pg.enable_grad():
                 loss = closure()
         factor = self.lr_factor()
+        homes = self.__dict__.setdefault("_state_homes", {})  # id(param) -> backend its state is on
+        undo = self._undo_record()
         with pg.no_grad():
             for group in self.param_groups:
                 lr = group["lr"] * factor
@@ -164,10 +173,44 @@ class Optimizer:
                     x = leaf._data if fast else leaf
                     g = grad._data if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
                     state = self.state.setdefault(id(p), {})
+                    if state and homes.get(id(p)) is not leaf._be:
+                        _follow(state, leaf, fast)  # the parameter moved (Module.to): its state follows
+                    homes[id(p)] = leaf._be
                     new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
+        if undo is not None:
+            try:
+                self._materialize()
+            except BaseException:
+                undo()  # a failed step (a lost worker...) leaves parameters and state as they were
+                raise
         self.step_count += 1
         return loss
+
+    def _undo_record(self) -> Callable[[], None] | None:
+        """On lazy backends, how to put every parameter's storage and the state back (else None)."""
+        leaves = [_leaf_of(p) for p in self._params()]
+        if not any(leaf._be.lazy for leaf in leaves):
+            return None
+        storage = [(leaf, leaf._data) for leaf in leaves]
+        state = {k: dict(v) for k, v in self.state.items()}
+        tensors = [(v, v._data) for st in self.state.values() for v in st.values() if isinstance(v, Tensor)]
+
+        def undo() -> None:
+            for leaf, data in storage:
+                leaf._data = data
+            self.state = state
+            for t, data in tensors:
+                t._data = data
+        return undo
+
+    def _materialize(self) -> None:
+        """On lazy backends (``Backend.lazy``), compute the new parameters and state once per step,
+        so their task graphs do not grow step after step (``Backend.materialize``)."""
+        leaves = [(p, _leaf_of(p)) for p in self._params()]
+        state_tensors = [v for p, _ in leaves for v in self.state.get(id(p), {}).values()
+                         if isinstance(v, Tensor)]
+        pg.materialize(*(leaf for _, leaf in leaves), *state_tensors)
 
     def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
         """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier)."""
@@ -210,12 +253,25 @@ class Optimizer:
                 "state": state}
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore hyper-parameters, step count and per-parameter state from :meth:`state_dict`.
+
+        A state dict may come from an untrusted checkpoint, so it is validated exactly as the
+        constructor validates its arguments (``lr`` finite and >= 0, betas in [0, 1), ...), plus
+        shapes, finiteness of the state and a step count >= 0; anything wrong raises
+        :class:`~polygrad.errors.CheckpointError` and leaves the optimizer unchanged.
+        """
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(sd, Mapping):
+            raise CheckpointError(f"{name}: not an optimizer state (a {type(sd).__name__})")
         try:
-            groups = list(sd["param_groups"])
+            groups = [dict(g) for g in sd["param_groups"]]
             state = dict(sd.get("state", {}))
-            step_count = int(sd.get("step_count", 0))
+            raw_step = sd.get("step_count", 0)
+            if isinstance(raw_step, bool) or not isinstance(raw_step, (int, np.integer)) or raw_step < 0:
+                raise ValueError(f"step_count must be an int >= 0, got {raw_step!r:.60}")
+            step_count = int(raw_step)
         except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{type(self).__name__}.load_state_dict: not an optimizer state "
+            raise CheckpointError(f"{name}: not an optimizer state "
                                   f"({type(exc).__name__}: {exc})") from None
         if sd.get("type", type(self).__name__) != type(self).__name__:
             raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state is from a {sd['type']}")
@@ -225,10 +281,29 @@ class Optimizer:
             raise CheckpointError(f"{type(self).__name__}.load_state_dict: the state has "
                                   f"{[len(list(g['params'])) for g in groups]} parameters per group, "
                                   f"this optimizer {[len(g['params']) for g in self.param_groups]}")
+        # hyper-parameters: validated on candidate copies, installed only when all are valid
+        candidates = []
         for saved, group in zip(groups, self.param_groups):
+            candidate = dict(group)
             for k, v in saved.items():
-                if k != "params":
-                    group[k] = tuple(v) if isinstance(group.get(k), tuple) and isinstance(v, list) else v
+                if k == "params":
+                    continue
+                if k not in self.defaults:
+                    raise CheckpointError(f"{name}: unknown hyper-parameter {k!r:.60} "
+                                          f"(known: {sorted(self.defaults)})")
+                default = self.defaults[k]
+                if isinstance(default, tuple) and isinstance(v, list):
+                    v = tuple(v)
+                if isinstance(default, bool) != isinstance(v, bool) or (
+                        isinstance(default, (int, float)) and not isinstance(v, (int, float))):
+                    raise CheckpointError(f"{name}: hyper-parameter {k!r} must be a "
+                                          f"{type(default).__name__}, got {v!r:.60}")
+                candidate[k] = v
+            try:
+                self._check_group(candidate)
+            except (ValueError, TypeError) as exc:
+                raise CheckpointError(f"{name}: invalid hyper-parameters: {exc}") from None
+            candidates.append(candidate)
         new_state: dict[int, dict[str, Any]] = {}
         for key, st in state.items():
             try:
@@ -238,17 +313,28 @@ class Optimizer:
                                       f"parameter {key!r}") from None
             leaf = _leaf_of(p)
             entry = {}
-            for name, v in dict(st).items():
+            if not isinstance(st, Mapping):
+                raise CheckpointError(f"{name}: state of parameter {key} is a {type(st).__name__}, not a dict")
+            for sname, v in dict(st).items():
                 if isinstance(v, (Tensor, np.ndarray)):
                     arr = v.numpy() if isinstance(v, Tensor) else v
                     if tuple(arr.shape) != leaf.shape:
-                        raise CheckpointError(f"{type(self).__name__}.load_state_dict: state {name!r} of "
+                        raise CheckpointError(f"{name}: state {sname!r} of "
                                               f"parameter {key} has shape {tuple(arr.shape)}, expected {leaf.shape}")
+                    if arr.dtype.kind not in "biuf" or not np.isfinite(arr).all():
+                        raise CheckpointError(f"{name}: state {sname!r} of parameter {key} is not finite "
+                                              f"numbers ({arr.dtype}); it would poison the parameters")
                     t = pg.tensor(np.array(arr, dtype=leaf.dtype), backend=leaf.backend)
-                    entry[name] = t._data if _fast(leaf) else t
+                    entry[sname] = t._data if _fast(leaf) else t
+                elif v is None or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                                   and math.isfinite(v) and v >= 0):
+                    entry[sname] = v  # e.g. Adam's per-parameter step count
                 else:
-                    entry[name] = v
+                    raise CheckpointError(f"{name}: state {sname!r} of parameter {key} must be a tensor, "
+                                          f"a finite number >= 0 or None, got {v!r:.60}")
             new_state[id(p)] = entry
+        for candidate, group in zip(candidates, self.param_groups):
+            group.update({k: v for k, v in candidate.items() if k != "params"})
         self.state = new_state
         self.step_count = step_count
 
@@ -271,6 +357,18 @@ def _write(leaf: Tensor, new: Any, fast: bool) -> None:
     if new.dtype != leaf.dtype:
         new = new.astype(leaf.dtype)
     leaf._data = new
+
+
+def _follow(state: dict, leaf: Tensor, fast: bool) -> None:
+    """Re-create ``state``'s arrays where ``leaf`` now lives, in the carrier the update uses (raw
+    arrays on the fast path, tensors otherwise); numbers are left alone."""
+    for key, v in state.items():
+        if isinstance(v, Tensor):
+            if fast or v._be is not leaf._be:
+                state[key] = leaf._be.from_numpy(v.numpy()) if fast else v.to(leaf._be)
+        elif hasattr(v, "__array_namespace__") and not (fast and type(v) is type(leaf._data)):
+            host = pg.tensor(v).numpy()  # lands on the backend that owns v, which can read it back
+            state[key] = leaf._be.from_numpy(host) if fast else pg.tensor(host, backend=leaf._be)
 
 
 def _as_tensor(v: Any, like: Tensor) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import sharing
 from ..config import config
 from ..dispatch import is_grad_enabled
 from ..tensor import Tensor
@@ -53,13 +54,30 @@ def _token_matches(token: Any, data: Any) -> bool:
     return (token() if isinstance(token, weakref.ref) else token) is data
 
 
+def _still_matches(entry: _CacheEntry, host: np.ndarray) -> bool:
+    """Whether the cached sparse form still equals ``host`` (exact: same nonzero count, and the
+    same values at the cached positions -- a zero that became nonzero changes the count unless a
+    cached position changed too)."""
+    sp = entry.sparse
+    if sp is None:
+        return True  # only the layout estimate is cached: a stale one costs speed, never correctness
+    p = sp.pattern
+    values = sp._values._be.to_numpy(sp._values._data)
+    return (int(np.count_nonzero(host)) == sp.nnz
+            and np.array_equal(host[p.rows, p.cols], values, equal_nan=True))
+
+
 def _cache_entry(a: Tensor) -> _CacheEntry:
     key = id(a)
     found = _matmul_cache.get(key)
     data = a._data
     if found is not None and found[0]() is a:
         entry = found[1]
-        if _token_matches(entry.token, data):
+        # storage shared with the user (pg.from_numpy, t.numpy()) may have been written since:
+        # re-validate the content (O(n*m), still cheaper than a dense matmul); polygrad itself
+        # never writes into a storage, so an unshared one is served as is
+        if _token_matches(entry.token, data) and (
+                not sharing.is_shared(data) or _still_matches(entry, a._be.to_numpy(data))):
             return entry
     entry = _CacheEntry(_storage_token(data))
     ref = weakref.ref(a, lambda _r, k=key: _matmul_cache.pop(k, None))
@@ -93,11 +111,14 @@ def maybe_sparsify_for_matmul(a: Tensor, b: Tensor) -> SparseTensor | None:
     Only a 2-D floating ``a`` that is not itself differentiated qualifies: a dense leaf requiring
     grad needs a gradient at its zeros too, which a sparse form would not give.  The nonzero count
     and the sparse form are cached on the tensor's storage (converted once; a new ``t.data``
-    invalidates them).  In-place writes into the array behind ``t.numpy()`` are not detected.
+    invalidates them; a storage shared with the user -- ``pg.from_numpy``, ``t.numpy()`` -- is
+    re-validated against the cached form before each use, so in-place writes are never missed).
     """
     if a.ndim != 2 or b.ndim not in (1, 2) or a.dtype.kind != "f" or b.dtype.kind != "f":
         return None
     if a.requires_grad and is_grad_enabled():
+        return None
+    if a._be.lazy:  # counting its nonzeros would compute the matrix and gather it onto this process
         return None
     if a.shape[0] * a.shape[1] < config.sparse_min_elements and _events["polygrad_layout_chosen"] is None:
         return None  # choose_layout's size rule, without the bookkeeping (the common small matmul)
@@ -106,7 +127,7 @@ def maybe_sparsify_for_matmul(a: Tensor, b: Tensor) -> SparseTensor | None:
 
     def host_array() -> np.ndarray:
         if not host:
-            host.append(a.numpy())
+            host.append(a._be.to_numpy(a._data))  # internal read: does not mark the storage shared
         return host[0]
 
     def count() -> int:

@@ -46,8 +46,9 @@ def _host_array(x: Any) -> np.ndarray:
 
 
 def _index_array(op: str, name: str, x: Any, ndim: int) -> np.ndarray:
-    """An integer index array of ``ndim`` dims as int64, or SparseIndexError."""
-    arr = _host_array(x)
+    """An integer index array of ``ndim`` dims, or SparseIndexError.  Always a copy: the pattern
+    must not change when the caller later edits their array (and is validated as it is used)."""
+    arr = np.array(_host_array(x))
     if arr.dtype == object:
         raise SparseIndexError(f"{op}: {name} is ragged or not numeric")
     if arr.size == 0 and arr.dtype.kind == "f":
@@ -247,7 +248,7 @@ def from_scipy(matrix: Any, dtype: Any = None, requires_grad: bool = False, back
 def _nonzero_sparse(t: Tensor, layout: str) -> SparseTensor:
     """The stored-nonzeros form of dense 2-D ``t``; differentiable w.r.t. ``t`` at its nonzeros."""
     n, m = t.shape
-    host = t.numpy()
+    host = t._be.to_numpy(t._data)  # internal read: does not mark the storage shared
     rows, cols = np.nonzero(host)  # row-major order: already canonical
     rows = rows.astype(np.int64, copy=False)
     cols = cols.astype(np.int64, copy=False)

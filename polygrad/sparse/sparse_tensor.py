@@ -18,6 +18,7 @@ from ..inference import normalize_axes
 from ..ops import Op
 from ..pattern import Pattern
 from ..registry import resolve
+from ..torch_names import accept_torch_names
 from ..tensor import Tensor, _as_operand, index_add, segment_max, segment_sum, tensor, tensor_from_numpy
 from .layout import _check_layout
 
@@ -49,6 +50,19 @@ class SparseTensor(Tensor):
         t.name = None
         t._grad_view = None
         return t
+
+    @classmethod
+    def from_pattern(cls, pattern: Pattern, values: Tensor) -> "SparseTensor":
+        """A sparse tensor over an existing :class:`Pattern` and a dense 1-D tensor of its ``nnz``
+        values, in canonical order (for backends that build patterns themselves, e.g. one kept
+        partitioned on a cluster's workers)."""
+        if not isinstance(pattern, Pattern) or not isinstance(values, Tensor):
+            raise TypeError(f"SparseTensor.from_pattern needs a Pattern and a Tensor, got "
+                            f"{type(pattern).__name__} and {type(values).__name__}")
+        if values.shape != (pattern.nnz,) or getattr(values, "layout", "dense") != "dense":
+            raise ShapeError(f"SparseTensor.from_pattern: values must be a dense 1-D tensor of "
+                             f"nnz={pattern.nnz} entries, got {values.shape}")
+        return cls._wrap(pattern, values)
 
     # -- what the dense Tensor keeps in slots, a sparse one derives from its values ---------------
     @property
@@ -299,6 +313,11 @@ class SparseTensor(Tensor):
             extra += ", requires_grad=True" if self._node is None else f", grad_fn={self.op}"
         return (f"{head}indices={idx},\n{pad}values={vals},\n{pad}shape={self.shape}, nnz={self.nnz}, "
                 f"layout={self.layout!r}, {extra})")
+
+
+# dim=/keepdim= as for dense tensors (see polygrad.torch_names)
+SparseTensor.sum = accept_torch_names(SparseTensor.sum, "SparseTensor.sum")  # type: ignore[method-assign]
+SparseTensor.softmax = accept_torch_names(SparseTensor.softmax, "SparseTensor.softmax")  # type: ignore[method-assign]
 
 
 def is_sparse(x: Any) -> bool:

@@ -593,10 +593,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             tag = {"fail": "FAIL", "xfail": "XFAIL", "xpass": "XPASS"}[r.status]
             extra = f"  [xfail: {r.reason}]" if r.reason else ""
             print(f"{tag} {r.message or f'{r.op.value} ({r.layout}) {r.check} {r.case}'}{extra}")
-    if report.failures or args.verbose:
+    # the edge-point set (gradients at kinks, vs PyTorch): on full runs, not on filtered ones
+    edge_failures: list[str] = []
+    if not (args.ops or args.layouts or args.checks):
+        from .edges import EDGE_CASES, check_edge_points
+        edge_failures = check_edge_points(report.backend)
+        for message in edge_failures:
+            print(f"FAIL {message}")
+    if report.failures or edge_failures or args.verbose:
         print()
     print(report.summary())
-    return 0 if report.ok else 1
+    if not (args.ops or args.layouts or args.checks):
+        print(f"edge points (PyTorch's gradient conventions): {len(EDGE_CASES) - len(edge_failures)} of "
+              f"{len(EDGE_CASES)} agree")
+    return 0 if report.ok and not edge_failures else 1
 
 
 def _infos():

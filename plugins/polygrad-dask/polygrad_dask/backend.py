@@ -1,0 +1,167 @@
+"""The ``dask`` backend: dask arrays chunked by rows, run on a ``distributed`` cluster.
+
+Dense tensors are ``dask.array`` arrays whose first axis (nodes) is split into
+:func:`polygrad_dask.chunks.row_chunks` -- a function of the length only, so every ``N x F`` array of one
+graph has the same row blocks and elementwise ops never re-chunk.  Kernels build task graphs;
+values are computed when read (``to_numpy``: ``.numpy()``, ``.item()``, printing) or by
+:meth:`DaskBackend.materialize`, which optimizers and ``fit`` call once per step so graphs stay
+bounded.  Sparse ops run block by block on the workers (``sparse_kernels``).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+import polygrad as pg
+from polygrad.errors import BackendError
+from polygrad.ops import Op
+
+from . import chunks, cluster, dense_kernels, sparse_kernels
+
+#: bytes up to which a materialised array is replicated on two workers, so that losing one
+#: worker loses no parameter or optimizer state (they are small; graph data is recomputed)
+REPLICATE_MAX_BYTES = 64 << 20
+#: arrays up to this size handed to ``from_numpy`` stay embedded in the graphs that use them
+#: (scalars, weights: no round trip to the cluster); larger ones are sent to the workers once
+EMBED_MAX_BYTES = 1 << 20
+
+
+def _quiet(fn):
+    """Run ``fn`` without dask's "large object in the graph" warning: arrays handed to
+    ``from_numpy`` are embedded on purpose (their task is their lineage: a lost worker's chunk
+    is rebuilt from it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ll]arge object.*")
+        warnings.filterwarnings("ignore", message=".*[Ss]ending large graph.*")
+        return fn()
+
+
+class DaskBackend(pg.Backend):
+    name = "dask"
+    description = "dask arrays chunked by rows on a distributed cluster (polygrad-dask)"
+    install_hint = "pip install ./plugins/polygrad-dask"
+    lazy = True
+    # pg.compile replays kernels eagerly and reads their results between steps; a lazy backend
+    # already builds each step as one task graph, so replay would save nothing and its guards
+    # were never checked against dask's graph building: run steps eagerly.
+    supports_replay = False
+
+    def __init__(self, partitions: int | None = None) -> None:
+        super().__init__()
+        self.kernels = {(op, "dense"): fn for op, fn in dense_kernels.KERNELS.items()}
+        for layout in ("csr", "coo"):  # both layouts share polygrad's canonical CSR storage
+            self.kernels.update({(op, layout): fn for op, fn in sparse_kernels.KERNELS.items()})
+            self.vjp_kernels[(Op.SPMM, layout)] = sparse_kernels.spmm_vjp
+            self.vjp_kernels[(Op.SDDMM, layout)] = sparse_kernels.sddmm_vjp
+        if partitions is not None:
+            chunks.set_partitions(partitions)
+
+    # -- the cluster ---------------------------------------------------------------------------
+    def client(self) -> Any:
+        return cluster.client()
+
+    def connect(self, *, scheduler: str | None = None, workers: int | None = None) -> Any:
+        client = cluster.connect(scheduler=scheduler, workers=workers)
+        n = len(client.scheduler_info().get("workers", {}))
+        chunks.set_partitions(max(chunks.partitions, n, 1))
+        return _Closing(client)
+
+    # -- availability ---------------------------------------------------------------------------
+    def is_available(self) -> bool:
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def unavailable_reason(self) -> str:
+        return "the 'distributed' package is not installed (pip install distributed)"
+
+    # -- arrays -----------------------------------------------------------------------------------
+    @property
+    def partitions(self) -> int:
+        """Row blocks per array and pattern (``polygrad_dask.chunks``)."""
+        return chunks.partitions
+
+    @partitions.setter
+    def partitions(self, n: int) -> None:
+        chunks.set_partitions(n)
+
+    def from_numpy(self, array: np.ndarray) -> Any:
+        # a copy: the graph must not see later in-place edits of the caller's array
+        host = np.array(array, copy=True)
+        x = da.from_array(host, chunks=chunks.chunks_for(host.shape), asarray=False)
+        if host.nbytes <= EMBED_MAX_BYTES:
+            return x
+        return _quiet(lambda: self.client().persist(x))
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        if isinstance(array, da.Array):
+            return np.asarray(_quiet(lambda: self.client().compute(array).result()))
+        return np.asarray(array)
+
+    def owns(self, array: Any) -> bool:
+        return isinstance(array, da.Array)
+
+    def shape(self, array: Any) -> tuple[int, ...]:
+        return tuple(array.shape)
+
+    def dtype(self, array: Any) -> np.dtype:
+        return np.dtype(array.dtype)
+
+    def materialize(self, arrays: list) -> list:
+        """Persist ``arrays`` on the workers in one graph (shared work computed once), wait for
+        them, and replicate the small ones on a second worker (parameters and optimizer state
+        survive a worker's loss).  A failure is a :class:`BackendError` naming what was lost."""
+        from distributed import wait
+
+        lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array)]
+        if not lazy:
+            return list(arrays)
+        client = self.client()
+        try:
+            done = _quiet(lambda: client.persist([arrays[i] for i in lazy]))
+            futures = [f for a in done for f in _futures_of(a)]
+            wait(futures)
+            failed = [f for f in futures if f.status == "error"]
+            if failed:
+                failed[0].result()  # raises the task's own error
+            small = [f for a in done if a.nbytes <= REPLICATE_MAX_BYTES for f in _futures_of(a)]
+            if small and len(client.scheduler_info().get("workers", {})) > 1:
+                client.replicate(small, n=2)
+        except Exception as exc:  # noqa: BLE001 - worker loss, cancelled futures, task errors
+            raise BackendError(f"backend 'dask': materialising {len(lazy)} arrays failed with "
+                               f"{type(exc).__name__}: {exc}; the last completed step's parameters "
+                               "are intact: train again to resume") from exc
+        out = list(arrays)
+        for i, a in zip(lazy, done):
+            out[i] = a
+        return out
+
+
+def _futures_of(array: Any) -> list:
+    from distributed import futures_of
+
+    return futures_of(array)
+
+
+class _Closing:
+    """What ``DaskBackend.connect`` returns: the Client, closed (with its LocalCluster) by ``close()``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def close(self) -> None:
+        cluster.close(self.client)
+
+    def __enter__(self) -> Any:
+        return self.client
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["DaskBackend", "REPLICATE_MAX_BYTES", "EMBED_MAX_BYTES"]

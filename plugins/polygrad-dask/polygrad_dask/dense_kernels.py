@@ -1,0 +1,147 @@
+"""Dense kernels on dask arrays: each builds a task graph, block by block (rows stay chunked).
+
+Most ops are dask.array's own (elementwise, reductions, matmul, movement).  What dask does not
+do the way polygrad needs is written here: a boolean mask index becomes integer positions (dask
+would give unknown chunk sizes), several array indices become a pointwise ``vindex``, and
+``index_add`` (the backward of indexing) is done per output row block from the positions that
+land in it, so no task holds a whole ``N x F`` array.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from polygrad.ops import Op
+
+from . import chunks
+
+
+def relu(x: da.Array) -> da.Array:
+    return da.maximum(x, x.dtype.type(0))
+
+
+def cast(x: da.Array, *, dtype: Any) -> da.Array:
+    return x.astype(dtype)
+
+
+def reduce_sum(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
+    # no axes: the identity, except bool/int, which numpy's sum promotes (as the numpy backend)
+    return x.sum(axis=axes, keepdims=keepdims) if axes or x.dtype.kind in "biu" else x
+
+
+def reduce_max(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
+    return x.max(axis=axes, keepdims=keepdims) if axes else x
+
+
+def reshape(x: da.Array, *, shape: tuple) -> da.Array:
+    try:
+        return x.reshape(shape, merge_chunks=True)
+    except NotImplementedError:
+        # dask reshapes only by merging or evenly splitting axes; an uneven regrouping (a small
+        # weight, a loss term) goes through one block: rows are never regrouped that way
+        return x.rechunk(-1).reshape(shape).rechunk(chunks.chunks_for(tuple(shape)))
+
+
+def permute(x: da.Array, *, perm: tuple) -> da.Array:
+    return da.transpose(x, perm)
+
+
+def expand(x: da.Array, *, shape: tuple) -> da.Array:
+    return da.broadcast_to(x, shape)
+
+
+def _host_index(index: tuple) -> tuple:
+    """Boolean arrays as integer positions (known chunk sizes), everything else as given."""
+    out: list = []
+    for i in index:
+        if isinstance(i, np.ndarray) and i.dtype == np.bool_:
+            out.extend(np.nonzero(i))
+        else:
+            out.append(i)
+    return tuple(out)
+
+
+def _is_array(i: Any) -> bool:
+    return isinstance(i, np.ndarray) and i.ndim > 0
+
+
+def getitem(x: da.Array, *, index: tuple) -> da.Array:
+    idx = _host_index(index)
+    arrays = [i for i in idx if _is_array(i)]
+    if len(arrays) <= 1:
+        return x[idx]
+    if all(_is_array(i) for i in idx):
+        return x.vindex[idx]
+    # numpy's rules for arrays mixed with slices reorder axes; dask does not implement them
+    raise NotImplementedError("dask: indexing with several arrays mixed with slices is left to the "
+                              "fallback chain")
+
+
+def _pointwise(index: tuple, shape: tuple, src_shape: tuple) -> list | None:
+    """The index as equal-length 1-D integer arrays on the leading axes (wrapped into range) when
+    ``src`` is laid out as ``[K] + shape[k:]``; None for any other form."""
+    idx = _host_index(index)
+    if not idx or not all(_is_array(i) and i.ndim == 1 and i.dtype.kind in "iu" for i in idx):
+        return None
+    k = idx[0].shape[0]
+    if any(i.shape[0] != k for i in idx) or tuple(src_shape) != (k,) + tuple(shape[len(idx):]):
+        return None
+    return [np.asarray(i, dtype=np.int64) % max(n, 1) for i, n in zip(idx, shape)]
+
+
+def _add_at_block(rows: int, tail: tuple, dtype: Any, local: tuple, src: np.ndarray) -> np.ndarray:
+    out = np.zeros((rows,) + tail, dtype=dtype)
+    np.add.at(out, local, src)  # unbuffered: repeated positions accumulate
+    return out
+
+
+def _add_at_whole(shape: tuple, dtype: Any, index: tuple, src: np.ndarray) -> np.ndarray:
+    out = np.zeros(shape, dtype=dtype)
+    np.add.at(out, index, src)
+    return out
+
+
+def index_add(src: da.Array, *, index: tuple, shape: tuple) -> da.Array:
+    """``zeros(shape)`` with ``src`` added at ``index`` (repeats accumulate), per output row block."""
+    dtype = src.dtype
+    point = _pointwise(index, shape, src.shape) if shape else None
+    if point is None:
+        # other index forms (slices, scalars, broadcast arrays): one task; they come from small
+        # ops (a loss picking a column), never from message passing
+        whole = da.from_delayed(_delayed(_add_at_whole)(tuple(shape), dtype, index, src), shape, dtype=dtype)
+        return whole.rechunk(chunks.chunks_for(tuple(shape))) if shape else whole
+    tail = tuple(shape[1:])
+    blocks = []
+    start = 0
+    for rows in chunks.row_chunks(shape[0]):
+        stop = start + rows
+        hit = np.nonzero((point[0] >= start) & (point[0] < stop))[0]
+        local = (point[0][hit] - start,) + tuple(p[hit] for p in point[1:])
+        part = src[hit] if hit.size else da.zeros((0,) + tuple(src.shape[1:]), dtype=dtype)
+        blocks.append(da.from_delayed(_delayed(_add_at_block)(rows, tail, dtype, local, part),
+                                      (rows,) + tail, dtype=dtype))
+        start = stop
+    return da.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0]
+
+
+def _delayed(fn):
+    return dask.delayed(fn, pure=True)
+
+
+def concat(*arrays: da.Array, axis: int) -> da.Array:
+    return da.concatenate(arrays, axis=axis)
+
+
+KERNELS: dict[Op, Any] = {
+    Op.NEG: da.negative, Op.EXP: da.exp, Op.LOG: da.log, Op.RELU: relu, Op.TANH: da.tanh,
+    Op.RECIPROCAL: da.reciprocal, Op.CAST: cast,
+    Op.ADD: da.add, Op.MUL: da.multiply, Op.POW: da.power, Op.MAXIMUM: da.maximum,
+    Op.LT: da.less, Op.LE: da.less_equal, Op.GT: da.greater, Op.GE: da.greater_equal,
+    Op.EQ: da.equal, Op.NE: da.not_equal, Op.WHERE: da.where,
+    Op.SUM: reduce_sum, Op.MAX: reduce_max,
+    Op.RESHAPE: reshape, Op.PERMUTE: permute, Op.EXPAND: expand, Op.GETITEM: getitem,
+    Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: da.matmul,
+}

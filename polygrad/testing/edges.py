@@ -1,0 +1,110 @@
+"""The conformance kit's edge-point set: gradients where calculus is undefined or one-sided.
+
+Numerical differentiation cannot check these points (a central difference straddles the kink),
+so each case carries the gradient PyTorch returns there -- the convention users port code from.
+The values were produced with ``torch 2.13`` (``tests/reliability/test_edge_gradients.py``
+re-derives them from torch when it is installed, so a drift is caught).
+
+A backend author runs them with::
+
+    from polygrad.testing.edges import check_edge_points
+    assert check_edge_points("mybackend") == []
+
+Every case runs through the public ops (so composites such as ``clip`` and ``abs`` are covered
+as users call them) and compares every input's gradient, NaN and the sign of infinity included.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+INF = math.inf
+NAN = math.nan
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    """``fn(*tensors)`` summed and differentiated at ``inputs``; ``grads`` is PyTorch's answer."""
+    name: str
+    fn: Callable
+    inputs: tuple
+    grads: tuple
+    torch_fn: Callable | None = None   # the same computation in torch (for the drift check)
+
+
+EDGE_CASES: tuple[EdgeCase, ...] = (
+    EdgeCase("pow-zero-exponent-at-zero", lambda x: x ** 0.0, ([0.0, -0.0, 2.0],), ([0.0, 0.0, 0.0],)),
+    EdgeCase("pow-tensor-zero-exponent", lambda x, y: x ** y, ([0.0, 0.0], [0.0, 0.0]),
+             ([0.0, 0.0], [0.0, 0.0])),
+    EdgeCase("pow-zero-base-d-exponent", lambda x, y: x ** y, ([0.0, 0.0, 0.0], [0.0, 2.0, -1.0]),
+             ([0.0, 0.0, -INF], [0.0, 0.0, -INF])),
+    EdgeCase("rpow-zero-base", lambda y: 0.0 ** y, ([0.0, 1.0, 3.0],), ([0.0, 0.0, 0.0],)),
+    EdgeCase("pow-square-at-zero", lambda x: x ** 2.0, ([0.0],), ([0.0],)),
+    EdgeCase("pow-negative-exponent-at-zero", lambda x: x ** -1.0, ([0.0],), ([-INF],)),
+    EdgeCase("sqrt-at-zero", lambda x: x.sqrt(), ([0.0],), ([INF],)),
+    EdgeCase("log-at-zero", lambda x: x.log(), ([0.0],), ([INF],)),
+    EdgeCase("reciprocal-at-zero", lambda x: x.reciprocal(), ([0.0],), ([-INF],)),
+    EdgeCase("relu-at-zero", lambda x: x.relu(), ([0.0, -0.0],), ([0.0, 0.0],)),
+    EdgeCase("abs-at-zero", lambda x: x.abs(), ([0.0],), ([0.0],)),
+    EdgeCase("clip-at-bounds", lambda x: x.clip(0.0, 1.0), ([-1.0, 0.0, 0.5, 1.0, 2.0],),
+             ([0.0, 1.0, 1.0, 1.0, 0.0],), lambda x: x.clamp(0.0, 1.0)),
+    EdgeCase("clip-tensor-bound", lambda x, lo: x.clip(lo), ([-1.0, 3.0, 0.0], [0.0, 0.0, 0.0]),
+             ([0.0, 1.0, 1.0], [1.0, 0.0, 0.0]), lambda x, lo: x.clamp(min=lo)),
+    EdgeCase("maximum-tie", lambda a, b: a.maximum(b), ([1.0], [1.0]), ([0.5], [0.5]),
+             lambda a, b: a.maximum(b)),
+    EdgeCase("minimum-tie", lambda a, b: a.minimum(b), ([0.0], [0.0]), ([0.5], [0.5]),
+             lambda a, b: a.minimum(b)),
+    EdgeCase("max-reduce-ties", lambda x: x.max(), ([1.0, 1.0, 0.0],), ([0.5, 0.5, 0.0],),
+             lambda x: x.amax()),
+    EdgeCase("relu-nan", lambda x: x.relu(), ([NAN],), ([1.0],)),
+    EdgeCase("maximum-nan", lambda a, b: a.maximum(b), ([NAN, 1.0], [1.0, NAN]), ([1.0, 1.0], [1.0, 1.0]),
+             lambda a, b: a.maximum(b)),
+    EdgeCase("abs-nan", lambda x: x.abs(), ([NAN],), ([0.0],)),
+    EdgeCase("clip-nan", lambda x: x.clip(0.0, 1.0), ([NAN],), ([0.0],), lambda x: x.clamp(0.0, 1.0)),
+    EdgeCase("max-reduce-nan", lambda x: x.max(), ([NAN, 1.0],), ([1.0, 0.0],), lambda x: x.max()),
+    EdgeCase("tanh-saturated", lambda x: x.tanh(), ([40.0, -40.0],), ([0.0, 0.0],)),
+    EdgeCase("exp-underflow", lambda x: x.exp(), ([-1000.0],), ([0.0],)),
+)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    if got.shape != want.shape:
+        return False
+    both_nan = np.isnan(got) & np.isnan(want)
+    close = np.isclose(got, want, rtol=1e-9, atol=1e-12)  # inf == inf of the same sign
+    return bool(np.all(both_nan | close))
+
+
+def check_edge_point(backend: str, case: EdgeCase) -> str | None:
+    """None when ``backend``'s gradients match PyTorch's at this case, else a message."""
+    import warnings
+
+    import polygrad as pg
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # inf/nan in the forward are the point
+        xs = [pg.tensor(np.asarray(a, dtype=np.float64), requires_grad=True, backend=backend)
+              for a in case.inputs]
+        case.fn(*xs).sum().backward()
+    for i, (x, want) in enumerate(zip(xs, case.grads)):
+        got = np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64)
+        if not _same(got, np.asarray(want, dtype=np.float64)):
+            return (f"edge case {case.name!r} on backend {backend!r}: gradient of input {i} at "
+                    f"{list(case.inputs[i])} is {got.tolist()}, PyTorch gives {list(want)}")
+    return None
+
+
+def check_edge_points(backend: str, cases: Sequence[EdgeCase] = EDGE_CASES) -> list[str]:
+    """Messages for every edge case whose gradients on ``backend`` differ from PyTorch's (empty: all agree)."""
+    failures = []
+    for case in cases:
+        try:
+            message = check_edge_point(backend, case)
+        except Exception as exc:  # noqa: BLE001 - a backend that raises fails the case, by name
+            message = f"edge case {case.name!r} on backend {backend!r} raised {type(exc).__name__}: {exc}"
+        if message is not None:
+            failures.append(message)
+    return failures
