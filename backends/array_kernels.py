@@ -52,6 +52,14 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     def pattern_arrays(pattern):
         return pattern.on(xp.__name__, xp.asarray)
 
+    def csr_arrays(pattern):
+        """(indptr, cols) in this namespace; on numpy the pattern's own arrays, so the per-nonzero
+        row ids (``pattern.rows``, nnz int64s) are never expanded and cached for nothing."""
+        if xp is np:
+            return pattern.indptr, pattern.cols
+        indptr, _, cols = pattern_arrays(pattern)
+        return indptr, cols
+
     def relu(x):
         return xp.maximum(x, xp.zeros((), dtype=x.dtype))
 
@@ -113,7 +121,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     # atomics, results are bitwise reproducible run to run.
 
     def segment_reduce(values, pattern, ufunc, fill):
-        indptr, _, _ = pattern_arrays(pattern)
+        indptr, _ = csr_arrays(pattern)
         n = pattern.shape[0]
         out = xp.full((n,) + values.shape[1:], fill, dtype=values.dtype)
         if values.shape[0] == 0:
@@ -148,7 +156,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
             r0 = r1
 
     def spmm(values, x, *, pattern):
-        indptr, _, cols = pattern_arrays(pattern)
+        indptr, cols = csr_arrays(pattern)
         squeeze = x.ndim == 1
         n = pattern.shape[0]
         dtype = xp.result_type(values.dtype, x.dtype)
@@ -189,7 +197,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         # Row blocks in CSR order, each at most SPARSE_CHUNK_ELEMENTS gathered elements (one
         # cache-resident block, never nnz x F): Q's rows at the block's columns are gathered into
         # a reused buffer, P's rows repeated per nonzero (a contiguous copy, no random gather).
-        indptr, _, cols = pattern_arrays(pattern)
+        indptr, cols = csr_arrays(pattern)
         n, nnz, f = pattern.shape[0], pattern.nnz, p.shape[1]
         dtype = xp.result_type(p.dtype, q.dtype)
         out = xp.zeros((nnz,), dtype=dtype)
