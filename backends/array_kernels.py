@@ -52,6 +52,14 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     def pattern_arrays(pattern):
         return pattern.on(xp.__name__, xp.asarray)
 
+    def csr_arrays(pattern):
+        """(indptr, cols) in this namespace; on numpy the pattern's own arrays, so the per-nonzero
+        row ids (``pattern.rows``, nnz int64s) are never expanded and cached for nothing."""
+        if xp is np:
+            return pattern.indptr, pattern.cols
+        indptr, _, cols = pattern_arrays(pattern)
+        return indptr, cols
+
     def relu(x):
         return xp.maximum(x, xp.zeros((), dtype=x.dtype))
 
@@ -84,11 +92,16 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         # deterministic and far faster than ufunc.at
         if (len(idx) == 1 and getattr(idx[0], "ndim", 0) == 1 and src.ndim == len(shape)
                 and src.shape == (idx[0].shape[0],) + tuple(shape[1:])):
-            rows = idx[0] % shape[0] if shape[0] else idx[0]
+            rows = idx[0]
+            if shape[0] and rows.shape[0] and int(rows.min()) < 0:
+                rows = rows % shape[0]  # negative indices count from the end (checked by inference)
             width = 1
             for n in shape[1:]:
                 width *= n
             flat = src.reshape(src.shape[0], width)
+            if src.dtype.kind == "f" and width == 1:  # a vector: no linearised index needed
+                summed = xp.bincount(rows, weights=flat.reshape(-1).astype(xp.float64), minlength=shape[0])
+                return summed.astype(src.dtype).reshape(shape)
             if src.dtype.kind == "f" and width:
                 cols = xp.arange(width)
                 lin = (rows[:, None] * width + cols[None, :]).ravel()
@@ -108,7 +121,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     # atomics, results are bitwise reproducible run to run.
 
     def segment_reduce(values, pattern, ufunc, fill):
-        indptr, _, _ = pattern_arrays(pattern)
+        indptr, _ = csr_arrays(pattern)
         n = pattern.shape[0]
         out = xp.full((n,) + values.shape[1:], fill, dtype=values.dtype)
         if values.shape[0] == 0:
@@ -143,7 +156,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
             r0 = r1
 
     def spmm(values, x, *, pattern):
-        indptr, _, cols = pattern_arrays(pattern)
+        indptr, cols = csr_arrays(pattern)
         squeeze = x.ndim == 1
         n = pattern.shape[0]
         dtype = xp.result_type(values.dtype, x.dtype)
@@ -181,17 +194,28 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         return out.reshape(n) if squeeze else out
 
     def sddmm(p, q, *, pattern):
-        _, rows, cols = pattern_arrays(pattern)
-        nnz, f = pattern.nnz, p.shape[1]
+        # Row blocks in CSR order, each at most SPARSE_CHUNK_ELEMENTS gathered elements (one
+        # cache-resident block, never nnz x F): Q's rows at the block's columns are gathered into
+        # a reused buffer, P's rows repeated per nonzero (a contiguous copy, no random gather).
+        indptr, cols = csr_arrays(pattern)
+        n, nnz, f = pattern.shape[0], pattern.nnz, p.shape[1]
         dtype = xp.result_type(p.dtype, q.dtype)
-        out = xp.empty((nnz,), dtype=dtype)
-        if f == 0:
-            out[...] = 0
+        out = xp.zeros((nnz,), dtype=dtype)
+        if f == 0 or nnz == 0:
             return out
+        p2 = xp.ascontiguousarray(p, dtype=dtype)
+        q2 = xp.ascontiguousarray(q, dtype=dtype)
         step = max(1, SPARSE_CHUNK_ELEMENTS // f)
-        for lo in range(0, nnz, step):
-            hi = min(nnz, lo + step)
-            out[lo:hi] = xp.einsum("ij,ij->i", p[rows[lo:hi]], q[cols[lo:hi]])
+        buf = xp.empty((step, f), dtype=dtype)
+        for r0, r1, lo, hi in row_chunks(indptr, n, step):
+            k = hi - lo
+            if k == 0:
+                continue
+            block = buf[:k] if k <= step else xp.empty((k, f), dtype=dtype)
+            take(q2, cols[lo:hi], block)
+            counts = indptr[r0 + 1:r1 + 1] - indptr[r0:r1]
+            block *= xp.repeat(p2[r0:r1], counts, axis=0)
+            block.sum(axis=1, out=out[lo:hi])
         return out
 
     k: dict[Op, Callable] = {
@@ -205,11 +229,11 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: xp.matmul,
     }
     table = {(op, "dense"): fn for op, fn in k.items()}
-    for layout in ("csr", "coo"):
-        table[(Op.SPMM, layout)] = spmm
-        table[(Op.SDDMM, layout)] = sddmm
-        table[(Op.SEGMENT_SUM, layout)] = segment_sum
-        table[(Op.SEGMENT_MAX, layout)] = segment_max
+    # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+    table[(Op.SPMM, "csr")] = spmm
+    table[(Op.SDDMM, "csr")] = sddmm
+    table[(Op.SEGMENT_SUM, "csr")] = segment_sum
+    table[(Op.SEGMENT_MAX, "csr")] = segment_max
     return table
 
 

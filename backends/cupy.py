@@ -449,11 +449,11 @@ class _CupyKernels:
 
     def table(self) -> dict:
         t: dict = {(Op.INDEX_ADD, "dense"): self.index_add}
-        for layout in ("csr", "coo"):
-            t[(Op.SPMM, layout)] = self.spmm
-            t[(Op.SDDMM, layout)] = self.sddmm
-            t[(Op.SEGMENT_SUM, layout)] = self.segment_sum
-            t[(Op.SEGMENT_MAX, layout)] = self.segment_max
+        # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+        t[(Op.SPMM, "csr")] = self.spmm
+        t[(Op.SDDMM, "csr")] = self.sddmm
+        t[(Op.SEGMENT_SUM, "csr")] = self.segment_sum
+        t[(Op.SEGMENT_MAX, "csr")] = self.segment_max
         return t
 
     # -- SpMM ------------------------------------------------------------------------------------

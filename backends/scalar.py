@@ -61,8 +61,8 @@ class ScalarBackend(pg.Backend):
         super().__init__()
         dense = {(op, "dense"): _kernel(op) for op in Op if op not in (Op.SPMM, Op.SDDMM,
                                                                        Op.SEGMENT_SUM, Op.SEGMENT_MAX)}
-        sparse = {(op, layout): _kernel(op) for op in (Op.SPMM, Op.SDDMM, Op.SEGMENT_SUM, Op.SEGMENT_MAX)
-                  for layout in ("csr", "coo")}
+        # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+        sparse = {(op, "csr"): _kernel(op) for op in (Op.SPMM, Op.SDDMM, Op.SEGMENT_SUM, Op.SEGMENT_MAX)}
         self.kernels = {**dense, **sparse}
 
     def from_numpy(self, array: np.ndarray) -> ScalarArray:

@@ -87,16 +87,22 @@ BENCH_EXTRA = "pip install polygrad-core[bench]"
 class Benchmark:
     name: str
     description: str
-    run: Callable[[bool], dict]
+    run: Callable[..., dict]
     module: str
+    #: ``add_arguments(parser)`` for a benchmark with options of its own (``--nodes`` ...): they are
+    #: parsed from what follows its name and passed to ``run`` as keyword arguments
+    options: Optional[Callable[[argparse.ArgumentParser], None]] = None
 
 
 REGISTRY: dict[str, Benchmark] = {}
 IMPORT_ERRORS: dict[str, str] = {}
 
 
-def register(name: str, description: str) -> Callable[[Callable[[bool], dict]], Callable[[bool], dict]]:
-    """Decorator registering ``run(quick: bool) -> {"rows": [...], "summary": {...}}`` as ``name``."""
+def register(name: str, description: str,
+             options: Optional[Callable[[argparse.ArgumentParser], None]] = None
+             ) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Decorator registering ``run(quick: bool, **options) -> {"rows": [...], "summary": {...}}`` as
+    ``name``; ``options(parser)`` declares the benchmark's own command-line options, if any."""
 
     def deco(fn: Callable[[bool], dict]) -> Callable[[bool], dict]:
         prev = REGISTRY.get(name)
@@ -104,7 +110,7 @@ def register(name: str, description: str) -> Callable[[Callable[[bool], dict]], 
             raise ValueError(
                 f"benchmark {name!r} registered twice: by {prev.module} and by {fn.__module__}"
             )
-        REGISTRY[name] = Benchmark(name, description, fn, fn.__module__)
+        REGISTRY[name] = Benchmark(name, description, fn, fn.__module__, options)
         return fn
 
     return deco
@@ -331,7 +337,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     p.add_argument("--backend", metavar="NAME",
                    help="polygrad backend the benchmark's tensors are created on (default: numpy)")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
     if args.backend:
         import polygrad as pg
         pg.set_backend(args.backend)  # BackendUnavailableError names the reason when it cannot run
@@ -356,9 +362,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"  ({mod} failed to import: {err})", file=sys.stderr)
         return 2
 
+    kwargs: dict = {}
+    if bench.options is not None:
+        own = argparse.ArgumentParser(prog=f"python -m benchmarks {bench.name}")
+        bench.options(own)
+        kwargs = vars(own.parse_args(extra))
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+
     status = 0
     try:
-        result = bench.run(args.quick)
+        result = bench.run(args.quick, **kwargs)
         rows = list(result.get("rows", []))
         summary = dict(result.get("summary", {}))
     except Exception as exc:

@@ -87,10 +87,7 @@ def _backend_under_test() -> tuple[str, str]:
 def _pattern_from_edges(src: np.ndarray, dst: np.ndarray, n: int):
     """Canonical Pattern of edges already sorted by (src, dst) without duplicates."""
     from polygrad.pattern import Pattern
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
-    return Pattern((n, n), indptr, np.ascontiguousarray(dst, dtype=np.int64),
-                   rows=np.ascontiguousarray(src, dtype=np.int64))
+    return Pattern.from_sorted((n, n), src, dst)
 
 
 def _rate(nbytes: float, seconds: float) -> dict:

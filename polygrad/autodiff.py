@@ -19,6 +19,7 @@ from .config import config
 from .dispatch import KernelFault, _grad_enabled, _recording, registry, report_fallback, scalar_cost, scalar_decompose
 from .errors import DTypeError, GraphError, PolygradError, ShapeError
 from .graph import TensorBase, toposort
+from .ops import kernel_key
 from .value import Value
 from .value import _run as value_run
 from .value import _toposort as value_toposort
@@ -233,7 +234,7 @@ def _node_vjp(node, t: "Tensor", g: "Tensor", create_graph: bool, vjp_tables: di
     in_grads = None
     if not create_graph:
         fused = vjp_tables.get(node.backend.name)
-        kernel = fused.get((node.op, node.layout)) if fused else None
+        kernel = fused.get(kernel_key(node.op, node.layout)) if fused else None
         if kernel is not None:
             in_grads = _fused_vjp(node, kernel, t, g)
     if in_grads is None:

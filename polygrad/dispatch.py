@@ -32,7 +32,7 @@ from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBacke
 from .events import hook_failures
 from .graph import Node
 from .inference import _RULES as _infer_rules
-from .ops import NON_DIFFERENTIABLE, Op
+from .ops import NON_DIFFERENTIABLE, Op, kernel_key
 from .registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
@@ -93,10 +93,7 @@ def _mixed(op: Op, inputs: tuple) -> MixedBackendError:
 
 def _kernel(be, op: Op, layout: str):
     table = registry.tables.get(be.name, EMPTY)
-    kernel = table.get((op, layout))
-    if kernel is None and layout == "coo":
-        kernel = table.get((op, "csr"))  # both layouts share the canonical storage
-    return kernel
+    return table.get(kernel_key(op, layout))
 
 
 def run_kernel(be, op: Op, layout: str, arrays: list, attrs: dict, shape: tuple, dtype) -> Any:

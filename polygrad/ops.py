@@ -67,6 +67,12 @@ SPARSE = frozenset({Op.SPMM, Op.SDDMM, Op.SEGMENT_SUM, Op.SEGMENT_MAX})
 NON_DIFFERENTIABLE = COMPARE | {Op.SEGMENT_MAX}
 
 
+def kernel_key(op: Op, layout: str) -> tuple[Op, str]:
+    """The kernel-table key of ``op`` on ``layout``: "csr" and "coo" label one canonical storage,
+    so a sparse kernel is keyed once, under "csr", and both labels find it."""
+    return (op, "csr") if layout == "coo" else (op, layout)
+
+
 def list_ops() -> list[str]:
     """Names of every primitive op, as kernels, fault injection and the conformance kit key them."""
     return [op.value for op in Op]

@@ -5,17 +5,52 @@ the pattern outside the autodiff graph is what lets every sparse op be written a
 values plus a few pattern-aware primitives (SpMM, SDDMM, segment reductions), and what makes a
 gradient w.r.t. a sparse tensor a sparse tensor with the same pattern.
 
-Canonical form (sorted row-major, no duplicates) is established once by the constructors in
-``sparse.py``; a Pattern trusts it and never re-sorts.  The transpose (CSC order) is computed on
-first use and cached, as are the index arrays converted for each backend.
+Canonical form (sorted row-major, no duplicates) is established once, by :meth:`Pattern.from_coo`
+(unordered input, duplicates) or :meth:`Pattern.from_sorted` (canonical input); a Pattern trusts
+it and never re-sorts.  The transpose (CSC order) is computed on first use and cached, as are the
+index arrays converted for each backend.
+
+Every index pass here is a counting sort in scipy's compiled ``sparsetools`` (the routines behind
+``coo_matrix.tocsr`` and ``csr_matrix.tocsc``) or a linear numpy pass: no comparison sort of nnz
+keys, no hash table, no Python loop per entry, and at most two temporary nnz-length index arrays
+alive at once.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import numpy as np
+from scipy.sparse import _sparsetools
 
 from . import memory
+
+
+def indptr_from_rows(rows: np.ndarray, nrows: int) -> np.ndarray:
+    """CSR row pointers (int64 ``[nrows + 1]``) of row indices sorted ascending."""
+    indptr = np.zeros(nrows + 1, dtype=np.int64)
+    if rows.size:
+        np.cumsum(np.bincount(rows, minlength=nrows), out=indptr[1:])
+    return indptr
+
+
+def rows_of(indptr: np.ndarray) -> np.ndarray:
+    """The row of each entry (int64 ``[nnz]``) of CSR row pointers: the COO row array."""
+    return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
+
+
+def _int64(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _is_canonical(rows: np.ndarray, cols: np.ndarray) -> bool:
+    """Whether (rows, cols) are already row-major sorted and duplicate-free (one linear pass)."""
+    if rows.shape[0] < 2:
+        return True
+    head = 1024  # unordered input is usually caught in its first entries: skip the full pass then
+    if rows.shape[0] > 2 * head and not _is_canonical(rows[:head], cols[:head]):
+        return False
+    dr = np.diff(rows)
+    return bool(((dr > 0) | ((dr == 0) & (np.diff(cols) > 0))).all())
 
 
 class Pattern:
@@ -28,23 +63,84 @@ class Pattern:
     ``layout`` is the user-facing label ("csr" or "coo"): both share this canonical storage.
     """
 
-    __slots__ = ("shape", "indptr", "rows", "cols", "layout", "_transpose", "_device", "__weakref__")
+    __slots__ = ("shape", "indptr", "_rows", "cols", "layout", "_transpose", "_device", "__weakref__")
+
+    @classmethod
+    def from_sorted(cls, shape: tuple[int, int], rows: Any, cols: Any, layout: str = "csr") -> "Pattern":
+        """The pattern of row-major sorted, duplicate-free ``rows``/``cols`` (the caller vouches)."""
+        rows, cols = _int64(rows), _int64(cols)
+        return cls(shape, indptr_from_rows(rows, int(shape[0])), cols, layout, rows=rows)
+
+    @classmethod
+    def from_coo(cls, shape: tuple[int, int], rows: Any, cols: Any,
+                 layout: str = "csr") -> tuple["Pattern", np.ndarray | None, np.ndarray | None]:
+        """The canonical pattern of COO entries in any order, possibly repeated.
+
+        Returns ``(pattern, perm, slot)``: without duplicates ``values[perm]`` are the values in
+        canonical order (``perm`` is None when the input was canonical already); with duplicates
+        ``perm`` is None and ``slot[k]`` is the canonical position input entry ``k`` is summed
+        into (``bincount(slot, values)``: deterministic, in input order).  Indices must already be
+        in range (the sparse constructors check that, with errors that name the op).
+        """
+        n, m = int(shape[0]), int(shape[1])
+        rows, cols = _int64(rows), _int64(cols)
+        nnz = rows.shape[0]
+        if _is_canonical(rows, cols):
+            return cls(shape, indptr_from_rows(rows, n), cols, layout, rows=rows), None, None
+        # a stable counting sort by row (compiled), then each row's columns sorted in place; the
+        # payload is each entry's input position
+        indptr = np.empty(n + 1, dtype=np.int64)
+        sorted_cols = np.empty(nnz, dtype=np.int64)
+        perm = np.empty(nnz, dtype=np.int64)
+        _sparsetools.coo_tocsr(n, m, nnz, rows, cols, np.arange(nnz, dtype=np.int64), indptr, sorted_cols, perm)
+        _sparsetools.csr_sort_indices(n, indptr, sorted_cols, perm)
+        first = np.empty(nnz, dtype=bool)
+        first[0] = True
+        np.not_equal(sorted_cols[1:], sorted_cols[:-1], out=first[1:])
+        starts = indptr[1:-1]
+        first[starts[starts < nnz]] = True  # a row's first entry is never a repeat of the last row's
+        if first.all():
+            return cls(shape, indptr, sorted_cols, layout), perm, None
+        # duplicates: position = number of distinct entries before it in canonical order
+        distinct = np.zeros(nnz + 1, dtype=np.int64)
+        np.cumsum(first, out=distinct[1:])
+        new_indptr = distinct[indptr]
+        distinct = distinct[1:]
+        distinct -= 1
+        slot = np.empty(nnz, dtype=np.int64)
+        slot[perm] = distinct
+        del perm, distinct
+        return cls(shape, new_indptr, sorted_cols[first], layout), None, slot
 
     def __init__(self, shape: tuple[int, int], indptr: np.ndarray, cols: np.ndarray,
                  layout: str = "csr", rows: np.ndarray | None = None):
         self.shape = (int(shape[0]), int(shape[1]))
         self.indptr = indptr
         self.cols = cols
-        if rows is None:
-            rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(indptr))
-            rows.flags.writeable = False  # ours: read-only lets backends cache device copies
-        self.rows = rows
+        self._rows = rows
         for arr in (indptr, cols, rows):  # never mutated: enforced, so device caches stay valid
             if isinstance(arr, np.ndarray):
                 arr.flags.writeable = False
         self.layout = layout
         self._transpose: tuple[Pattern, np.ndarray] | None = None
         self._device: dict[Any, Any] = {}
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Row of each nonzero (the COO view), expanded from ``indptr`` on first use: the kernels
+        that walk rows (SpMM, segment sums) never need it, so a transpose does not pay for it."""
+        if self._rows is None:
+            rows = self.row_ids()
+            rows.flags.writeable = False  # ours: read-only lets backends cache device copies
+            self._rows = rows
+        return self._rows
+
+    def row_ids(self) -> np.ndarray:
+        """The rows of :attr:`rows` without caching them (the cached array when there is one): for
+        a one-off use on a large pattern that should not keep nnz more int64 entries alive."""
+        if self._rows is not None:
+            return self._rows
+        return rows_of(self.indptr)
 
     @property
     def nnz(self) -> int:
@@ -59,7 +155,7 @@ class Pattern:
         """The same pattern under another label, sharing arrays and caches."""
         if layout == self.layout:
             return self
-        twin = Pattern(self.shape, self.indptr, self.cols, layout, self.rows)
+        twin = Pattern(self.shape, self.indptr, self.cols, layout, self._rows)
         twin._transpose, twin._device = self._transpose, self._device
         return twin
 
@@ -67,21 +163,57 @@ class Pattern:
         """(pattern of Aᵀ, perm) with ``values_T = values[perm]``; computed once, then cached."""
         if self._transpose is None:
             # budgeted before allocating: the column pointers follow the column count, which a
-            # hostile shape can make far larger than nnz (int64 indptr, perm, rows, cols, inverse)
-            memory.check("transpose", 8 * (self.shape[1] + 1) + 32 * self.nnz,
+            # hostile shape can make far larger than nnz (int64 indptr, perm, cols, a payload)
+            memory.check("transpose", 8 * (self.shape[1] + 1) + 24 * self.nnz,
                          what=f"the transpose of a sparse {self.shape} pattern with {self.nnz} entries")
-            # stable sort by column keeps rows ascending within each column: canonical for Aᵀ
-            perm = np.argsort(self.cols, kind="stable")
+            # scipy's compiled CSR -> CSC: a counting sort by column that keeps rows ascending
+            # within each column, i.e. canonical for Aᵀ; the payload gives the permutation
+            n, m = self.shape
+            t_indptr = np.empty(m + 1, dtype=np.int64)
+            t_cols = np.empty(self.nnz, dtype=np.int64)
+            perm = np.empty(self.nnz, dtype=np.int64)
+            _sparsetools.csr_tocsc(n, m, self.indptr, self.cols, np.arange(self.nnz, dtype=np.int64),
+                                   t_indptr, t_cols, perm)
             perm.flags.writeable = False  # ours: read-only lets backends cache device copies
-            t_indptr = np.zeros(self.shape[1] + 1, dtype=np.int64)
-            np.cumsum(np.bincount(self.cols, minlength=self.shape[1]), out=t_indptr[1:])
-            t = Pattern((self.shape[1], self.shape[0]), t_indptr, self.rows[perm], self.layout,
-                        rows=self.cols[perm])
-            inv = np.empty_like(perm)
-            inv[perm] = np.arange(perm.shape[0])
-            t._transpose = (self, inv)
+            t = Pattern((m, n), t_indptr, t_cols, self.layout)
+            t._transpose = (self, None)  # the way back: its permutation is inverted when asked
             self._transpose = (t, perm)
+        elif self._transpose[1] is None:
+            back, forward = self._transpose[0], self._transpose[0]._transpose[1]
+            inv = np.empty_like(forward)
+            inv[forward] = np.arange(forward.shape[0])
+            inv.flags.writeable = False
+            self._transpose = (back, inv)
         return self._transpose
+
+    def union_diagonal(self) -> tuple["Pattern", np.ndarray, np.ndarray, np.ndarray]:
+        """The pattern with every diagonal entry added (square only), by one linear insertion pass.
+
+        Returns ``(union, pos, diag_pos, had_diag)``: entry k of this pattern sits at ``pos[k]`` of
+        the union, the diagonal entry (i, i) at ``diag_pos[i]``; ``had_diag[i]`` says whether it
+        was stored here already.
+        """
+        n = self.shape[0]
+        rows, cols = self.rows, self.cols
+        had_diag = np.zeros(n, dtype=bool)
+        on_diag = rows == cols
+        had_diag[rows[on_diag]] = True
+        del on_diag
+        missing = ~had_diag
+        below = cols < rows  # entries before the diagonal within their row (columns are sorted)
+        before_diag = np.bincount(rows[below], minlength=n)
+        del below
+        inserted_before = np.zeros(n + 1, dtype=np.int64)  # missing diagonals inserted in earlier rows
+        np.cumsum(missing, out=inserted_before[1:])
+        indptr = self.indptr + inserted_before
+        diag_pos = indptr[:-1] + before_diag
+        pos = inserted_before[rows]
+        pos += np.arange(self.nnz, dtype=np.int64)
+        pos += missing[rows] & (cols > rows)  # after a diagonal inserted in the same row
+        union_cols = np.empty(int(indptr[-1]), dtype=np.int64)
+        union_cols[pos] = cols
+        union_cols[diag_pos] = np.arange(n, dtype=np.int64)
+        return Pattern(self.shape, indptr, union_cols, self.layout), pos, diag_pos, had_diag
 
     def on(self, key: Any, convert: Callable[[np.ndarray], Any]) -> tuple[Any, Any, Any]:
         """(indptr, rows, cols) converted once per backend (``key``) and cached: no copy per call."""

@@ -25,7 +25,7 @@ from .backend import Backend, KernelOverride, contract_problem
 from .errors import BackendUnavailableError
 from .events import GuardedEvent
 from .errors import describe_exception as _describe
-from .ops import Op
+from .ops import Op, kernel_key
 
 ENTRY_POINT_GROUP = "polygrad"
 EVENT_HOOKS = ("polygrad_op_executed", "polygrad_layout_chosen", "polygrad_fallback",
@@ -188,6 +188,7 @@ class Registry:
                           ov.kernel, ov.priority, ov.kind)
 
     def _install(self, table, backend, op, layout, kernel, priority, kind) -> None:
+        op, layout = kernel_key(op, layout)
         key = (backend, op, layout, kind)
         if priority >= self._priorities.get(key, -1 << 30):
             table[(op, layout)] = kernel

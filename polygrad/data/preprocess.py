@@ -32,7 +32,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from polygrad.autodiff import no_grad
 from polygrad.errors import DataError, SparseIndexError
+from polygrad.pattern import Pattern, rows_of
+from polygrad.sparse import from_edge_index, gcn_norm
 
 __all__ = [
     "CSRMatrix",
@@ -162,7 +165,7 @@ class CSRMatrix:
 
     def row_ids(self) -> np.ndarray:
         """int64 row index of every stored entry (the COO row array)."""
-        return np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+        return rows_of(self.indptr)
 
     def __repr__(self) -> str:
         return (f"CSRMatrix(shape={self.shape}, nnz={self.nnz}, dtype={self.data.dtype}, "
@@ -181,11 +184,9 @@ class CSRMatrix:
         a = np.asarray(array)
         if a.ndim != 2:
             raise DataError(f"CSRMatrix.from_dense: expected a 2-D array, got shape {a.shape}")
-        rows, cols = np.nonzero(a)
-        counts = np.bincount(rows, minlength=a.shape[0])
-        indptr = np.zeros(a.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        return cls(indptr, cols.astype(np.int64), a[rows, cols], a.shape)
+        rows, cols = np.nonzero(a)  # row-major: canonical order
+        pattern = Pattern.from_sorted(a.shape, rows, cols)
+        return cls(pattern.indptr, pattern.cols, a[rows, cols], a.shape)
 
     @classmethod
     def from_coo(cls, row: Any, col: Any, data: Any, shape: tuple[int, int]) -> "CSRMatrix":
@@ -340,23 +341,17 @@ def _as_index_array(a: Any, name: str) -> np.ndarray:
 
 def _canonical_from_coo(row: np.ndarray, col: np.ndarray, data: np.ndarray,
                         shape: tuple[int, int]) -> CSRMatrix:
-    rows, cols = shape
-    if row.size == 0:
-        return CSRMatrix(np.zeros(rows + 1, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                         np.asarray(data)[:0], shape)
-    key = row.astype(np.int64) * max(cols, 1) + col.astype(np.int64)
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    data = np.asarray(data)[order]
-    first = np.ones(key.shape[0], dtype=bool)
-    first[1:] = key[1:] != key[:-1]
-    starts = np.flatnonzero(first)
-    summed = np.add.reduceat(data, starts) if starts.size != key.size else data
-    ukey = key[starts]
-    urow = ukey // max(cols, 1)
-    indptr = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(urow, minlength=rows), out=indptr[1:])
-    return CSRMatrix(indptr, ukey % max(cols, 1), summed.astype(data.dtype, copy=False), shape)
+    """Canonical CSR (sorted, duplicates summed in input order) through polygrad's one canonicaliser."""
+    # copies: a pattern owns (and freezes) the index arrays it is handed, and these are the caller's
+    pattern, perm, slot = Pattern.from_coo(shape, np.array(row, dtype=np.int64), np.array(col, dtype=np.int64))
+    data = np.asarray(data)
+    if perm is not None:
+        data = data[perm]
+    elif slot is not None:
+        summed = np.zeros(pattern.nnz, dtype=data.dtype)
+        np.add.at(summed, slot, data)  # in input order, in data's dtype
+        data = summed
+    return CSRMatrix(pattern.indptr, pattern.cols, data, shape)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -521,17 +516,15 @@ def normalized_adjacency(edge_index: Any, num_nodes: int, *, add_self_loops: boo
     dtype:
         dtype of the values.
     """
+    # de-duplicated edges with self loops removed, then polygrad's gcn_norm (which adds the
+    # missing loops with weight 1): every loop ends up weight 1, as documented above
     ei = coalesce_edge_index(edge_index, num_nodes)
     if add_self_loops:
         ei = remove_self_loops(ei)
-        loops = np.arange(num_nodes, dtype=np.int64)
-        ei = coalesce_edge_index(np.concatenate([ei, np.stack([loops, loops])], axis=1), num_nodes)
-    adj = edge_index_to_csr(ei, num_nodes, dtype=np.float64)
-    deg = adj.row_sums()
-    dinv = np.zeros_like(deg)
-    np.power(deg, -0.5, out=dinv, where=deg > 0)
-    vals = dinv[adj.row_ids()] * adj.data * dinv[adj.indices]
-    return CSRMatrix(adj.indptr, adj.indices, vals.astype(dtype), adj.shape)
+    with no_grad():
+        adj = gcn_norm(from_edge_index(ei, num_nodes, dtype=np.float64), add_self_loops=add_self_loops)
+    p = adj.pattern
+    return CSRMatrix(p.indptr, p.cols, adj.values.numpy().astype(dtype), p.shape)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -155,9 +155,7 @@ def sample_pattern(nrows: int = 4, ncols: int = 5, density: float = 0.4, seed: i
     if empty_row is not None and nrows:
         mask[empty_row % nrows] = False
     rows, cols = np.nonzero(mask)  # row-major: canonical order
-    indptr = np.zeros(nrows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=nrows), out=indptr[1:])
-    return Pattern((nrows, ncols), indptr, cols.astype(np.int64), "csr", rows.astype(np.int64))
+    return Pattern.from_sorted((nrows, ncols), rows, cols)
 
 
 def _patterns() -> dict[str, Pattern]:

@@ -41,7 +41,7 @@ from ..dispatch import kernel_dtypes
 from ..errors import FallbackWarning, PolygradError
 from ..hookspecs import hookimpl
 from ..inference import infer
-from ..ops import Op
+from ..ops import Op, kernel_key
 from ..registry import registry
 from ..value import Value, backward_many
 from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
@@ -154,19 +154,25 @@ def resolve_backend(backend: str | Backend) -> str:
 
 
 def provided(backend: str) -> set[tuple[Op, str]]:
-    """The (op, layout) pairs ``backend``'s kernel table holds (its own kernels and overrides)."""
+    """The (op, layout) pairs ``backend``'s kernel table serves (its own kernels and overrides);
+    a sparse kernel, keyed once under "csr", serves the "coo" label too."""
     registry.load()
-    return set(registry.tables.get(backend, {}))
+    return _with_coo(registry.tables.get(backend, {}))
 
 
 def fused(backend: str) -> set[tuple[Op, str]]:
     registry.load()
-    return set(registry.vjp_tables.get(backend, {}))
+    return _with_coo(registry.vjp_tables.get(backend, {}))
+
+
+def _with_coo(table: dict) -> set[tuple[Op, str]]:
+    keys = set(table)
+    return keys | {(op, "coo") for op, layout in keys if layout == "csr"}
 
 
 def _kernel(backend: str, op: Op, layout: str):
     registry.load()
-    return registry.tables.get(backend, {}).get((op, layout))
+    return registry.tables.get(backend, {}).get(kernel_key(op, layout))
 
 
 class _FallbackRecorder:
@@ -349,7 +355,7 @@ def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANC
     from .. import grad_rules
     from ..tensor import tensor
     registry.load()
-    kernel = registry.vjp_tables.get(backend, {}).get((case.op, case.layout))
+    kernel = registry.vjp_tables.get(backend, {}).get(kernel_key(case.op, case.layout))
     if kernel is None:
         raise NotApplicable("no fused backward kernel")
     if not case.differentiable:
@@ -393,7 +399,7 @@ def check_errors(backend: str, case: BadCase, tol: Tolerances = DEFAULT_TOLERANC
     from ..tensor import tensor
     registry.load()
     table = registry.tables.get(backend, {})
-    key = (case.op, case.layout)
+    key = kernel_key(case.op, case.layout)
     original = table.get(key)
     if original is None:
         raise NotApplicable("not provided")

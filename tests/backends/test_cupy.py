@@ -262,9 +262,7 @@ def random_pattern(n, m, density, seed=0, empty_rows=()):
     for r in empty_rows:
         mask[r] = False
     rows, cols = np.nonzero(mask)  # row-major, columns sorted: canonical
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return Pattern((n, m), indptr, cols.astype(np.int64), rows=rows.astype(np.int64))
+    return Pattern.from_sorted((n, m), rows, cols)
 
 
 def dense_of(pattern, values):

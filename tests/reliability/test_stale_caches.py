@@ -11,7 +11,7 @@ import pytest
 
 import polygrad as pg
 import polygrad.nn as nn
-from polygrad import sparse as sparse_mod
+from polygrad.sparse import autosparse as sparse_mod  # the module that owns the matmul cache
 from polygrad.config import config
 
 

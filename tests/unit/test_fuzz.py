@@ -292,9 +292,7 @@ def _pattern(nrows: int, ncols: int, seed: int, layout: str) -> Pattern:
     rng = np.random.default_rng(seed)
     mask = rng.random((nrows, ncols)) < 0.4
     rows, cols = np.nonzero(mask)
-    indptr = np.zeros(nrows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=nrows), out=indptr[1:])
-    return Pattern((nrows, ncols), indptr, cols.astype(np.int64), layout, rows=rows.astype(np.int64))
+    return Pattern.from_sorted((nrows, ncols), rows, cols, layout)
 
 
 SPARSE_OPS = {

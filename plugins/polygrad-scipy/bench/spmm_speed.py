@@ -26,11 +26,8 @@ from polygrad.testing.temporary import temporary_plugin  # noqa: E402
 
 def pattern(n: int, nnz: int, seed: int = 0) -> Pattern:
     rng = np.random.default_rng(seed)
-    key = np.unique(rng.integers(0, n, nnz) * n + rng.integers(0, n, nnz))
-    rows, cols = key // n, key % n
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return Pattern((n, n), indptr, cols.astype(np.int64), "csr", rows.astype(np.int64))
+    pattern, _, _ = Pattern.from_coo((n, n), rng.integers(0, n, nnz), rng.integers(0, n, nnz))
+    return pattern
 
 
 def median_time(fn, repeat: int) -> float:

@@ -59,9 +59,9 @@ class ScipyBackend(pg.Backend):
     def __init__(self) -> None:
         super().__init__()
         self.kernels = {(op, "dense"): fn for op, fn in DENSE.items()}
-        for layout in ("csr", "coo"):  # both layouts share polygrad's canonical CSR storage
-            self.kernels.update({(op, layout): fn for op, fn in SPARSE.items()})
-            self.vjp_kernels[(Op.SPMM, layout)] = kernels.spmm_vjp
+        # keyed once: "csr" and "coo" label polygrad's one canonical CSR storage
+        self.kernels.update({(op, "csr"): fn for op, fn in SPARSE.items()})
+        self.vjp_kernels[(Op.SPMM, "csr")] = kernels.spmm_vjp
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array
