@@ -37,6 +37,17 @@ backend; ``pg.config`` (fallback policy and chain, validation, layout policy); t
 mode of the modules the function reaches; which event hooks are implemented; and whether each
 gradient the step accumulates into was set.
 
+Memory budget (``pg.config.memory_fraction``): a replay skips dispatch, so its kernels are not
+checked one by one; it is budgeted once, at capture, where dispatch checked every output a replay
+will allocate -- shapes, dtypes and the fraction are guards, so a replay allocates exactly the
+sizes the capture approved.  Memory that becomes short between calls is not re-measured per replay
+(that per-kernel check is part of the overhead a replay removes); a kernel that then fails (a
+``MemoryError``) is a replay fault like any other: the call re-runs eagerly, where dispatch's check
+refuses the op with a clear ``MemoryBudgetError``.  Learning-rate schedulers: an optimizer reads
+its groups' ``lr`` when it steps, so a scheduler stepped between calls is seen by the next replay;
+``LRScheduler.step()`` inside the compiled function is a host call every replay repeats, and
+``ReduceLROnPlateau.step(metric)`` there (a host value) makes the capture refuse.
+
 Safety: a kernel that raises (or returns a shape the capture did not see) during a replay drops
 the capture and the call re-runs eagerly, through the usual fallback.  Once ``optimizer.step()``
 has run in that replay a re-run would step twice, so a failing forward kernel after it is
