@@ -170,3 +170,24 @@ def test_demos_report_whether_steps_were_replayed(monkeypatch, capsys):
     with pytest.warns(RuntimeWarning, match="does not support replay"):
         assert main(["demo", "moons", "--steps", "6", "--no-progress", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is False
+
+
+@pytest.mark.parametrize("generated", [True, False])
+def test_dropout_replay_draws_equal_eager_in_both_replay_paths(generated, monkeypatch):
+    from polygrad import capture
+
+    if not generated:
+        monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # the interpreter replays the program
+    x = pg.tensor(np.linspace(-2.0, 2.0, 3 * 40).reshape(3, 40), dtype=pg.float32)
+    f = pg.compile(lambda t: nn.dropout(t, 0.3) * 1.0, warmup=0)
+    for _ in range(3):
+        f(x)
+    assert (f._cache[next(iter(f._cache))].capture.fast is None) is not generated
+    for seed in range(3):
+        pg.manual_seed(seed)
+        want = nn.dropout(x, 0.3).numpy()
+        pg.manual_seed(seed)
+        got = f(x).numpy()
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+    assert f.stats["replays"] == 4
