@@ -37,6 +37,17 @@ backend; ``pg.config`` (fallback policy and chain, validation, layout policy); t
 mode of the modules the function reaches; which event hooks are implemented; and whether each
 gradient the step accumulates into was set.
 
+Memory budget (``pg.config.memory_fraction``): a replay skips dispatch, so its kernels are not
+checked one by one; it is budgeted once, at capture, where dispatch checked every output a replay
+will allocate -- shapes, dtypes and the fraction are guards, so a replay allocates exactly the
+sizes the capture approved.  Memory that becomes short between calls is not re-measured per replay
+(that per-kernel check is part of the overhead a replay removes); a kernel that then fails (a
+``MemoryError``) is a replay fault like any other: the call re-runs eagerly, where dispatch's check
+refuses the op with a clear ``MemoryBudgetError``.  Learning-rate schedulers: an optimizer reads
+its groups' ``lr`` when it steps, so a scheduler stepped between calls is seen by the next replay;
+``LRScheduler.step()`` inside the compiled function is a host call every replay repeats, and
+``ReduceLROnPlateau.step(metric)`` there (a host value) makes the capture refuse.
+
 Safety: a kernel that raises (or returns a shape the capture did not see) during a replay drops
 the capture and the call re-runs eagerly, through the usual fallback.  Once ``optimizer.step()``
 has run in that replay a re-run would step twice, so a failing forward kernel after it is
@@ -99,13 +110,15 @@ class _ReplayFault(Exception):
 
 # -- hooks the rest of polygrad calls while a capture runs ----------------------------------------
 
-def fresh(make: Callable[[], Tensor]) -> Tensor:
+def fresh(make: Callable[[], Tensor], raw: Callable[[], Any] | None = None) -> Tensor:
     """``make()``, a tensor drawn from a random generator; a capture records it so that every replay
-    calls ``make()`` again (fresh dropout masks, drawn in eager order from the same generator)."""
+    calls ``make()`` again (fresh dropout masks, drawn in eager order from the same generator).
+    ``raw``, when given, draws the same values as the backend array itself (no Tensor built): a
+    replay calls it instead of ``make``, which is what a replay needs and saves a wrap per draw."""
     t = make()
     rec = _recording.get()
     if rec is not None:
-        rec.fresh(make, t)
+        rec.fresh(raw if raw is not None else make, t, raw is not None)
     return t
 
 
@@ -249,10 +262,10 @@ class _Recorder:
         outs = tuple(-1 if g is None else self._produce(g._data, be, g.shape, g.dtype) for g in grads)
         self.program.append((_FUSED, be, key, ins, kwargs, outs))
 
-    def fresh(self, make: Callable[[], Tensor], t: Tensor) -> None:
+    def fresh(self, make: Callable[[], Any], t: Tensor, raw: bool) -> None:
         self._settle()
         slot = self._produce(t._data, t._be, t.shape, t.dtype)
-        self.program.append((_FRESH, slot, make))
+        self.program.append((_FRESH, slot, make, raw))
 
     def host(self, method: Callable[[], Any], idempotent: bool) -> None:
         self._settle()
@@ -502,7 +515,7 @@ def _generate(cap: _Capture) -> Callable[[list], Any] | None:
         elif kind == _GRAD:
             lines = [f"b{e[1]} = {const(e[2])}.grad._data"]
         elif kind == _FRESH:
-            lines = [f"b{e[1]} = {const(e[2])}()._data"]
+            lines = [f"b{e[1]} = {const(e[2])}(){'' if e[3] else '._data'}"]
         elif kind == _HOST:
             lines = ["try:", f"    {const(e[1])}()", "except Exception as exc:", "    raise HostFailed(exc)"]
         elif kind == _SET_GRAD:
@@ -602,7 +615,7 @@ def _replay(cap: _Capture, flat: list) -> Any:
                 raise _ReplayFault(PolygradError("a gradient the capture accumulated into is gone"), after_step)
             buf[e[1]] = g._data
         elif kind == _FRESH:
-            buf[e[1]] = e[2]()._data
+            buf[e[1]] = e[2]() if e[3] else e[2]()._data
         elif kind == _HOST:
             e[1]()
             after_step = after_step or not e[2]

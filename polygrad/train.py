@@ -48,6 +48,9 @@ class History:
     best_epoch: int = -1
     stopped_early: bool = False
     stop_reason: str = ""
+    #: epochs whose step ran as a pg.compile replay (0 with compile=False, or when every capture was
+    #: refused, e.g. on a backend that opts out of replay)
+    replays: int = 0
 
     @property
     def losses(self) -> list[float]:
@@ -197,4 +200,6 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
             history.stopped_early = True
             history.stop_reason = f"callback stopped training after epoch {epoch}"
             break
+    if step is not None:
+        history.replays = step.stats["replays"]
     return history

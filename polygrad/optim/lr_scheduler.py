@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+from ..capture import host_call
 from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineAnnealingLR", "ReduceLROnPlateau"]
@@ -54,6 +55,7 @@ class LRScheduler:
         return list(self._last_lr)
 
     def step(self) -> None:
+        host_call(self.step, idempotent=False)  # inside a pg.compile'd step: every replay steps it too
         self._step_count += 1
         self.last_epoch += 1
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
@@ -176,6 +178,8 @@ class ReduceLROnPlateau:
         return a > (best * (self.threshold + 1.0) if self.threshold_mode == "rel" else best + self.threshold)
 
     def step(self, metrics: Any) -> None:
+        # the metric is read on the host: inside a pg.compile'd step it would be frozen, so refuse
+        host_call(self.step, idempotent=False, replayable=False)
         current = float(metrics)  # a 1-element tensor or a number
         self.last_epoch += 1
         if self.is_better(current, self.best):

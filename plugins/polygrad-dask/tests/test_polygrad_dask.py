@@ -310,3 +310,23 @@ def test_cli_demo_joins_a_running_cluster_and_reports_the_backend(cluster_client
     assert record["backend"] == "dask" and record["epochs"] == 2
     from distributed import default_client
     assert default_client() is cluster_client or cluster_client.status == "running"
+
+
+def test_compiled_step_runs_eagerly_on_dask_and_the_demo_says_so(cluster_client, capsys):
+    """The backend opts out of replay (supports_replay = False): a pg.compile'd step warns once
+    and keeps giving the eager numbers, and the gcn demo's record says it was not compiled."""
+    from polygrad import cli
+
+    w = pg.tensor(np.linspace(-1.0, 1.0, 8).reshape(4, 2), requires_grad=True, backend="dask")
+    x = pg.tensor(np.arange(12.0).reshape(3, 4), backend="dask")
+    f = pg.compile(lambda: (x @ w).sum(), warmup=0)
+    with pytest.warns(RuntimeWarning, match="does not support replay"):
+        values = [float(f().item()) for _ in range(4)]
+    assert values == [float((x @ w).sum().item())] * 4  # what the step gives eagerly
+    assert f.stats["replays"] == 0
+    address = cluster_client.scheduler.address
+    with pytest.warns(RuntimeWarning, match="does not support replay"):
+        assert cli.main(["demo", "gcn", "--backend", "dask", "--scheduler", address, "--epochs", "5",
+                         "--json", "--no-progress", "--compile"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["backend"] == "dask" and record["compiled"] is False

@@ -1,0 +1,193 @@
+"""pg.compile with the features merged beside it: attention and GraphSAGE layers, learning-rate
+schedulers, the memory budget, and backends that opt out of replay (what the demos report)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import polygrad as pg
+from polygrad import memory, nn, optim
+from polygrad.errors import MemoryBudgetError
+from polygrad.optim import lr_scheduler
+from polygrad.testing import inject_fault
+
+
+def _graph(n: int = 30, e: int = 90, seed: int = 3):
+    rng = np.random.default_rng(seed)
+    edge_index = rng.integers(0, n, size=(2, e))
+    x = rng.standard_normal((n, 5))
+    y = rng.integers(0, 3, size=n)
+    return pg.tensor(x, dtype=pg.float64), y, edge_index
+
+
+class _GatSage(nn.Module):
+    def __init__(self, aggr: str):
+        self.gat = nn.GATConv(5, 4, heads=2, dropout=0.3, dtype=pg.float64)
+        self.sage = nn.SAGEConv(8, 3, aggr=aggr, dtype=pg.float64)
+
+    def forward(self, x, edge_index):
+        h = nn.dropout(self.gat(x, edge_index).relu(), 0.2, self.training)
+        return self.sage(h, edge_index)
+
+
+def _gnn_run(aggr: str, compiled: bool, steps: int = 12):
+    pg.manual_seed(5)
+    x, y, edge_index = _graph()
+    model = _GatSage(aggr)
+    opt = optim.Adam(model.parameters(), lr=0.05, weight_decay=1e-3)
+    sched = lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+    def step():
+        opt.zero_grad()
+        loss = nn.cross_entropy(model(x, edge_index), y)
+        loss.backward()
+        opt.step()
+        sched.step()  # inside the step: every replay must advance the schedule too
+        return loss
+
+    f = pg.compile(step) if compiled else step
+    losses = []
+    for k in range(steps):
+        pg.manual_seed(100 + k)  # the same dropout masks (feature and attention) on both sides
+        losses.append(f().item())
+    return losses, [p.numpy().copy() for p in model.parameters()], opt, f
+
+
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_gat_and_sage_compiled_equal_eager_with_a_scheduler_inside_the_step(aggr):
+    want, want_params, want_opt, _ = _gnn_run(aggr, compiled=False)
+    got, got_params, got_opt, f = _gnn_run(aggr, compiled=True)
+    assert got == want
+    for a, b in zip(want_params, got_params):
+        np.testing.assert_array_equal(a, b)
+    assert [g["lr"] for g in got_opt.param_groups] == [g["lr"] for g in want_opt.param_groups]
+    assert got_opt.param_groups[0]["lr"] == 0.05 * 0.5 ** 4  # the schedule advanced in replays too
+    assert f.stats["replays"] >= 6 and f.stats["dropped"] == 0
+
+
+def _sgd_step(schedule_inside: bool):
+    pg.manual_seed(0)
+    w = pg.tensor(np.linspace(-1.0, 1.0, 6), requires_grad=True)
+    x = pg.tensor(np.arange(6.0))
+    opt = optim.SGD([w], lr=0.1)
+    sched = lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (1 + k))
+
+    def step():
+        opt.zero_grad()
+        loss = ((w * x).sum() - 1.0) ** 2
+        loss.backward()
+        opt.step()
+        if schedule_inside:
+            sched.step()
+        return loss
+
+    return w, opt, sched, step
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_scheduler_changing_lr_between_calls_is_not_frozen(inside):
+    w_e, opt_e, sched_e, eager = _sgd_step(inside)
+    w_c, opt_c, sched_c, step = _sgd_step(inside)
+    compiled = pg.compile(step)
+    for _ in range(10):
+        assert compiled().item() == eager().item()
+        if not inside:
+            sched_e.step()
+            sched_c.step()
+    np.testing.assert_array_equal(w_c.numpy(), w_e.numpy())
+    assert opt_c.param_groups[0]["lr"] == opt_e.param_groups[0]["lr"] == pytest.approx(0.1 / 11)
+    assert compiled.stats["replays"] == 7
+
+
+def test_reduce_on_plateau_inside_a_step_is_refused_not_frozen():
+    w = pg.tensor(np.ones(3), requires_grad=True)
+    opt = optim.SGD([w], lr=0.1)
+    sched = lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+
+    def step():
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        opt.step()
+        sched.step(loss)  # the metric is a host value: a replay would freeze it
+        return loss
+
+    f = pg.compile(step, warmup=0)
+    with pytest.warns(RuntimeWarning, match="cannot be replayed"):
+        for _ in range(5):
+            f()
+    assert f.stats["replays"] == 0 and "ReduceLROnPlateau.step" in f.reason
+
+
+def test_replays_are_budgeted_at_capture_and_a_short_memory_replay_reruns_eagerly(monkeypatch):
+    n = (memory.CHECK_FLOOR // 8) + 16  # an output big enough for dispatch to check the budget
+    x = pg.tensor(np.ones(n))
+    f = pg.compile(lambda t: (t * 2.0).sum(), warmup=0)
+    for _ in range(3):
+        assert f(x).item() == 2.0 * n
+    assert f.stats["replays"] == 1
+    # memory gets short between calls: a replay allocates the sizes the capture checked and does
+    # not check again (documented); a kernel that fails for want of memory re-runs the call
+    # eagerly, where dispatch's budget check refuses it with a clear error
+    monkeypatch.setattr(memory, "available_bytes", lambda backend=None: 1024)
+    assert f(x).item() == 2.0 * n
+    with inject_fault("numpy", "mul", error=MemoryError("out of memory")):
+        with pytest.raises(MemoryBudgetError, match="mul"):
+            f(x)
+    assert f.stats["dropped"] == 1
+
+
+def test_memory_fraction_is_a_guard():
+    x = pg.ones(4)
+    f = pg.compile(lambda t: (t * t).sum(), warmup=0)
+    for _ in range(3):
+        f(x)
+    captures = f.stats["captures"]
+    old = pg.config.memory_fraction
+    pg.config.memory_fraction = 0.5
+    try:
+        f(x)
+    finally:
+        pg.config.memory_fraction = old
+    assert f.stats["captures"] > captures
+
+
+def test_demos_report_whether_steps_were_replayed(monkeypatch, capsys):
+    from polygrad.cli import main
+
+    assert main(["demo", "gcn", "--epochs", "6", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is True
+    assert main(["demo", "gcn", "--epochs", "6", "--no-progress", "--json", "--no-compile"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is False
+    # a backend that opts out of replay (the dask backend does): --compile was asked, nothing replayed
+    be = pg.tensor(1.0)._be
+    monkeypatch.setattr(type(be), "supports_replay", False, raising=False)
+    with pytest.warns(RuntimeWarning, match="does not support replay"):
+        assert main(["demo", "gcn", "--epochs", "6", "--no-progress", "--json", "--compile"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is False
+    with pytest.warns(RuntimeWarning, match="does not support replay"):
+        assert main(["demo", "moons", "--steps", "6", "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is False
+
+
+@pytest.mark.parametrize("generated", [True, False])
+def test_dropout_replay_draws_equal_eager_in_both_replay_paths(generated, monkeypatch):
+    from polygrad import capture
+
+    if not generated:
+        monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # the interpreter replays the program
+    x = pg.tensor(np.linspace(-2.0, 2.0, 3 * 40).reshape(3, 40), dtype=pg.float32)
+    f = pg.compile(lambda t: nn.dropout(t, 0.3) * 1.0, warmup=0)
+    for _ in range(3):
+        f(x)
+    assert (f._cache[next(iter(f._cache))].capture.fast is None) is not generated
+    for seed in range(3):
+        pg.manual_seed(seed)
+        want = nn.dropout(x, 0.3).numpy()
+        pg.manual_seed(seed)
+        got = f(x).numpy()
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+    assert f.stats["replays"] == 4
