@@ -123,6 +123,19 @@ def _check_backend(name: str | None) -> None:
             pass
 
 
+def _check_output_folders(args: argparse.Namespace) -> None:
+    """Refuse, before any training, a --plot/--graph file whose folder does not exist (an error
+    after a long run would waste it)."""
+    from polygrad.errors import PolygradError
+
+    for flag in ("plot", "graph"):
+        path = getattr(args, flag, None)
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                raise PolygradError(f"--{flag} {path}: the folder {folder} does not exist")
+
+
 def _check_graph_path(path: str | None) -> None:
     """Refuse, before any training, a ``--graph`` image the machine cannot render."""
     if not path:
@@ -156,6 +169,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from polygrad import demos
 
     _check_backend(args.backend)
+    _check_output_folders(args)
     _check_graph_path(args.graph)
     progress = not args.no_progress
     if args.demo == "moons":

@@ -56,6 +56,15 @@ def test_hostile_arguments(args, words, tmp_path):
     _assert_clean_failure(proc, *words)
 
 
+@pytest.mark.parametrize("flag, name", [("--plot", "x.png"), ("--graph", "x.gv")])
+def test_output_file_in_a_missing_folder_is_refused_before_training(flag, name):
+    """Found with tqdm installed: the progress bar had already run (and printed) when the write
+    failed at the end.  The folder is checked first: nothing trains, one error line."""
+    proc = _cli("demo", "moons", "--steps", "50", flag, f"/nonexistent/dir/{name}")
+    _assert_clean_failure(proc, "/nonexistent/dir", "does not exist")
+    assert "accuracy" not in proc.stdout and proc.stderr.count("\n") <= 1, proc.stderr
+
+
 def _has_graphviz() -> bool:
     import importlib.util
     return importlib.util.find_spec("graphviz") is not None
