@@ -29,7 +29,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from benchmarks._harness import optional_import, register, skipped_row  # noqa: E402
-from benchmarks.gcn_bench import _dataset, _Threads, _time_rounds  # noqa: E402
+from benchmarks.gcn_bench import _dataset, _Threads, _time_rounds, pyg_full_batch_epoch  # noqa: E402
 
 TARGET_RATIO = 0.5
 
@@ -58,13 +58,8 @@ def _polygrad_epoch(ds) -> Callable[[], float]:
 
 def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
     import torch.nn.functional as F
-    from polygrad.data import row_normalize
 
     torch.manual_seed(0)
-    x = torch.from_numpy(row_normalize(ds.x, dtype=np.float32).to_dense())
-    edge_index = torch.from_numpy(ds.edge_index.astype(np.int64))
-    y = torch.from_numpy(ds.y)
-    train_mask = torch.from_numpy(ds.train_mask)
 
     class GAT(torch.nn.Module):  # PyG examples/gat.py
         def __init__(self, in_channels: int, hidden: int, out_channels: int, heads: int):
@@ -80,17 +75,7 @@ def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
 
     model = GAT(ds.num_features, 8, ds.num_classes, 8)
     opt = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
-
-    def epoch() -> float:
-        model.train()
-        opt.zero_grad()
-        out = model(x, edge_index)
-        loss = F.cross_entropy(out[train_mask], y[train_mask])
-        loss.backward()
-        opt.step()
-        return float(loss.item())
-
-    return epoch
+    return pyg_full_batch_epoch(ds, torch, model, opt)
 
 
 @register("gat", "GAT epoch on Cora (8 heads x 8 hidden, fwd+bwd+Adam, 1 thread): polygrad numpy vs PyG GATConv")
@@ -127,7 +112,7 @@ def run(quick: bool) -> dict:
         missing = "torch" if torch is None else "torch_geometric"
         rows.append(skipped_row(missing, section="epoch",
                                 reason=f"skipped: the PyG baseline needs torch and torch_geometric; {missing} is not "
-                                       "installed (pip install "polygrad-core[bench]"); polygrad's figure above stands alone"))
+                                       "installed (pip install 'polygrad-core[bench]'); polygrad's figure above stands alone"))
         summary["ratio_polygrad_over_pyg"] = None
     summary["threads"] = threads.how
     rows.append({"section": "setup", "impl": f"{data_desc}: {ds.num_nodes} nodes, {ds.num_edges} edges",

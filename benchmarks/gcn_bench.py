@@ -113,15 +113,33 @@ def _polygrad_epoch(ds, dense_features: bool = False, compiled: bool = False) ->
     return epoch
 
 
-def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
+def pyg_full_batch_epoch(ds, torch, model: Any, opt: Any) -> Callable[[], float]:
+    """One full-batch training epoch of a PyG node classifier on ``ds`` (the recipe of PyG's
+    examples: row-normalised float32 features, cross-entropy on the training mask)."""
     import torch.nn.functional as F
     from polygrad.data import row_normalize
 
-    torch.manual_seed(0)
     x = torch.from_numpy(row_normalize(ds.x, dtype=np.float32).to_dense())
     edge_index = torch.from_numpy(ds.edge_index.astype(np.int64))
     y = torch.from_numpy(ds.y)
     train_mask = torch.from_numpy(ds.train_mask)
+
+    def epoch() -> float:
+        model.train()
+        opt.zero_grad()
+        out = model(x, edge_index)
+        loss = F.cross_entropy(out[train_mask], y[train_mask])
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+
+    return epoch
+
+
+def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
 
     class GCN(torch.nn.Module):  # PyG examples/gcn.py
         def __init__(self, in_channels: int, hidden: int, out_channels: int):
@@ -138,17 +156,7 @@ def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
     model = GCN(ds.num_features, 16, ds.num_classes)
     opt = torch.optim.Adam([dict(params=model.conv1.parameters(), weight_decay=5e-4),
                             dict(params=model.conv2.parameters(), weight_decay=0)], lr=0.01)
-
-    def epoch() -> float:
-        model.train()
-        opt.zero_grad()
-        out = model(x, edge_index)
-        loss = F.cross_entropy(out[train_mask], y[train_mask])
-        loss.backward()
-        opt.step()
-        return float(loss.item())
-
-    return epoch
+    return pyg_full_batch_epoch(ds, torch, model, opt)
 
 
 def _time_rounds(fns: dict[str, Callable[[], float]], rounds: int, per_round: int, warmup: int) -> dict[str, list[float]]:
