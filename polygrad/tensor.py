@@ -10,7 +10,7 @@ import builtins
 import math
 import operator
 from numbers import Number
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -233,9 +233,8 @@ class Tensor(TensorBase):
     def bool(self) -> "Tensor":
         return self.cast(bool_)
 
-    def to_sparse(self, layout: str = "csr"):
-        from .sparse import to_sparse
-        return to_sparse(self, layout)
+    def to_sparse(self, layout: str = "csr") -> Any:
+        return _sparse("to_sparse")(self, layout)
 
     def to_dense(self) -> "Tensor":
         return self
@@ -422,8 +421,7 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
     ``layout="auto"`` lets the cost model store a mostly-zero matrix sparse; "csr"/"coo" force it.
     """
     if layout != "dense":
-        from .sparse import from_dense_data
-        return from_dense_data(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
+        return _sparse("from_dense_data")(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
                                layout=layout, **sparse_kwargs)
     be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
     if backend is None and not isinstance(data, (Tensor, np.ndarray, np.generic, list, tuple, Number)):
@@ -615,45 +613,65 @@ def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
     return a, b
 
 
-def _sparse_binary(name: str, a, b):
-    from . import sparse
-    return getattr(sparse, name)(a, b)
+# -- sparse operands ------------------------------------------------------------------------------
+# polygrad.sparse sits above this module (its SparseTensor is a Tensor), so the dense API reaches
+# the sparse one through this table, which the sparse package fills when it is imported
+# (``import polygrad`` imports it, before any tensor exists).
+_SPARSE_API: dict[str, Callable[..., Any]] = {}
 
 
-def _is_sparse(x) -> bool:
+def register_sparse_api(**functions: Callable[..., Any]) -> None:
+    """Called once by ``polygrad.sparse``: the functions Tensor routes sparse operands to."""
+    _SPARSE_API.update(functions)
+
+
+def _sparse(name: str) -> Callable[..., Any]:
+    try:
+        return _SPARSE_API[name]
+    except KeyError:
+        raise PolygradError(f"the sparse API ({name}) is not loaded: "
+                            "import polygrad, not polygrad.tensor alone") from None
+
+
+def _sparse_binary(name: str, a: Any, b: Any) -> Any:
+    return _sparse(name)(a, b)
+
+
+def is_sparse(x: Any) -> bool:
+    """Whether ``x`` is a sparse tensor (a :class:`~polygrad.sparse.SparseTensor`)."""
     return isinstance(x, Tensor) and x.layout != "dense"
 
 
 def add(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("add", a, b)
     a, b = _pair(a, b)
     return apply(Op.ADD, (a, b))
 
 
 def mul(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("mul", a, b)
     a, b = _pair(a, b)
     return apply(Op.MUL, (a, b))
 
 
 def sub(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("sub", a, b)
     a, b = _pair(a, b)
     return apply(Op.ADD, (a, apply(Op.NEG, (b,))))
 
 
 def div(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("div", a, b)
     a, b = _pair(a, b)
     return apply(Op.MUL, (_floating(a), apply(Op.RECIPROCAL, (_floating(b),))))
 
 
 def pow(a, b) -> Tensor:  # noqa: A001
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("pow", a, b)
     a, b = _pair(a, b)
     if a.dtype.kind != "f" and b.dtype.kind != "f":
@@ -723,9 +741,8 @@ def sigmoid(x: Tensor) -> Tensor:
 # -- reductions ---------------------------------------------------------------------------------------
 
 def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    if _is_sparse(x):
-        from .sparse import sparse_sum
-        return sparse_sum(x, axis, keepdims)
+    if is_sparse(x):
+        return _sparse("sum")(x, axis, keepdims)
     return apply(Op.SUM, (x,), {"axes": normalize_axes(Op.SUM, axis, x.ndim), "keepdims": keepdims})
 
 
@@ -895,9 +912,8 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
 
 
 def transpose(x: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
-    if _is_sparse(x):
-        from .sparse import transpose as sparse_transpose
-        return sparse_transpose(x)
+    if is_sparse(x):
+        return _sparse("transpose")(x)
     if x.ndim < 2:
         return x
     dim0, dim1 = _dim_arg("transpose", dim0, x.ndim), _dim_arg("transpose", dim1, x.ndim)
@@ -986,7 +1002,7 @@ def _dims_consumed(item: Any) -> int:
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    if _is_sparse(x):
+    if is_sparse(x):
         raise ShapeError("indexing a sparse tensor is not supported; use to_dense() or gather rows densely")
     return apply(Op.GETITEM, (x,), {"index": _normalize_index(index, x.shape)})
 
@@ -1038,25 +1054,16 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 
 
 def matmul(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
-        from .sparse import matmul as sparse_matmul
-        return sparse_matmul(a, b)
+    if is_sparse(a) or is_sparse(b):
+        return _sparse("matmul")(a, b)
     a, b = _pair(a, b)
-    a_sparse = _maybe_sparsify(a, b)
+    a_sparse = _sparse("maybe_sparsify_for_matmul")(a, b)
     if a_sparse is not None:
-        from .sparse import matmul as sparse_matmul
-        return sparse_matmul(a_sparse, b)
+        return _sparse("matmul")(a_sparse, b)
     return apply(Op.MATMUL, (a, b))
 
 
 # -- sparse primitives (the pattern rides in attrs; values are a dense 1-D operand) --------------------
-
-def _maybe_sparsify(a: Tensor, b: Tensor):
-    from . import sparse  # sparse imports tensor: bind lazily, once
-    global _maybe_sparsify
-    _maybe_sparsify = sparse.maybe_sparsify_for_matmul
-    return _maybe_sparsify(a, b)
-
 
 def spmm(values: Tensor, x: Tensor, pattern) -> Tensor:
     """``A @ X`` for the sparse matrix (pattern, values): touches only A's nonzeros."""

@@ -21,9 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..dispatch import apply
 from ..errors import DTypeError, IndexOutOfRangeError, PolygradError, ShapeError
 from ..ops import NON_DIFFERENTIABLE, Op
 from ..pattern import Pattern
+from ..tensor import tensor
 
 #: the layouts the catalogue knows how to build cases for
 LAYOUTS = ("dense", "csr", "coo")
@@ -69,13 +71,11 @@ class Case:
 
     def tensors(self, backend: Any = None, requires_grad: bool = False) -> tuple:
         """The inputs as polygrad tensors on ``backend`` (``requires_grad`` per ``self.grad``)."""
-        from ..tensor import tensor
         return tuple(tensor(a, backend=backend, requires_grad=requires_grad and g)
                      for a, g in zip(self.inputs, self.grad))
 
     def run(self, backend: Any = None, requires_grad: bool = False):
         """Apply the primitive to the inputs on ``backend`` through dispatch; returns the tensor."""
-        from ..dispatch import apply
         return apply(self.op, self.tensors(backend, requires_grad), self.attrs, self.layout)
 
     def __repr__(self) -> str:

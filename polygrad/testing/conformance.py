@@ -34,16 +34,18 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .. import reference
+from .. import grad_rules, reference
 from ..autodiff import no_grad, unbroadcast
 from ..backend import Backend
-from ..dispatch import kernel_dtypes
+from ..dispatch import apply, kernel_dtypes
 from ..errors import FallbackWarning, PolygradError
 from ..hookspecs import hookimpl
 from ..inference import infer
 from ..ops import Op, kernel_key
-from ..registry import registry
+from ..registry import list_backends, registry
+from ..tensor import tensor
 from ..value import Value, backward_many
+from .edges import EDGE_CASES, check_edge_points
 from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
 from .grads import _explain, _seed_grad, compare, numerical_grad, vjp_grads
 
@@ -279,8 +281,6 @@ def check_float32(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES
 
 
 def _primitive(case: Case):
-    from ..dispatch import apply
-
     def fn(*ts):
         return apply(case.op, tuple(ts), case.attrs, case.layout)
     fn.__name__ = case.op.value
@@ -352,8 +352,6 @@ def _compare_grads(case: Case, check: str, got: list, want: list, tols: tuple[fl
 
 def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
     """The backend's fused backward kernel for (op, layout) vs the op's VJP rule on the same backend."""
-    from .. import grad_rules
-    from ..tensor import tensor
     registry.load()
     kernel = registry.vjp_tables.get(backend, {}).get(kernel_key(case.op, case.layout))
     if kernel is None:
@@ -395,8 +393,6 @@ def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANC
 
 def check_errors(backend: str, case: BadCase, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
     """Bad input raises ``case.error`` from inference; the kernel is never called, nothing falls back."""
-    from ..dispatch import apply
-    from ..tensor import tensor
     registry.load()
     table = registry.tables.get(backend, {})
     key = kernel_key(case.op, case.layout)
@@ -597,7 +593,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the edge-point set (gradients at kinks, vs PyTorch): on full runs, not on filtered ones
     edge_failures: list[str] = []
     if not (args.ops or args.layouts or args.checks):
-        from .edges import EDGE_CASES, check_edge_points
         edge_failures = check_edge_points(report.backend)
         for message in edge_failures:
             print(f"FAIL {message}")
@@ -611,7 +606,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _infos():
-    from ..registry import list_backends
     return list_backends()
 
 

@@ -74,12 +74,9 @@ def test_the_backend_name_check_catches_what_it_should():
 
 # -- one-way layering ----------------------------------------------------------------------------
 
-# Function-local imports of core modules that remain, each with the reason.  Nothing else may
-# import lazily to dodge a cycle.
-LOCAL_IMPORTS_ALLOWED = {
-    ("tensor", "sparse"): "Tensor's conveniences (to_sparse, sparse matmul/transpose/sum routing) call "
-                          "the sparse API above it; to be turned around when sparse.py becomes a package",
-}
+# Function-local imports of core modules that remain, each with the reason.  None is left: the
+# sparse package hands Tensor its routing table (tensor.register_sparse_api) instead.
+LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {}
 LAYERS = ["ops", "dispatch", "grad_rules", "autodiff", "tensor"]
 
 
@@ -138,6 +135,27 @@ def test_no_function_local_import_dodges_a_cycle():
     extra = [f"polygrad/{mod}.py:{line} imports .{target} inside a function"
              for mod, line, target in local if (mod, target) not in LOCAL_IMPORTS_ALLOWED]
     assert extra == [], "\n".join(extra)
+    assert LOCAL_IMPORTS_ALLOWED == {}
+
+
+def test_no_core_module_imports_the_core_inside_a_function():
+    """Every module of polygrad/, subpackages included (sparse, nn, optim, ...): relative imports
+    sit at the top (or under TYPE_CHECKING), never inside a function."""
+    found = []
+    for path in _core_files():
+        for func in ast.walk(ast.parse(path.read_text())):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{path.relative_to(CORE)}:{node.lineno}" for node in ast.walk(func)
+                          if isinstance(node, ast.ImportFrom) and node.level >= 1]
+    assert found == [], found
+
+
+def test_one_is_sparse_and_one_describe():
+    """One definition each (the sparse package had its own copies)."""
+    defs = [f"{path.relative_to(CORE)}:{node.name}" for path in _core_files()
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.lstrip("_") in ("is_sparse", "describe")]
+    assert sorted(defs) == ["sparse/sparse_tensor.py:_describe", "tensor.py:is_sparse"], defs
 
 
 # -- adding a primitive op: every place it must be defined ----------------------------------------
