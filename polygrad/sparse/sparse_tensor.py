@@ -39,6 +39,9 @@ class SparseTensor(Tensor):
     """
 
     __slots__ = ("pattern", "_values", "_grad_view")
+    pattern: Pattern
+    _values: Tensor  # the nnz stored values: the only part in the autodiff graph
+    _grad_view: "SparseTensor | None"
 
     @classmethod
     def _wrap(cls, pattern: Pattern, values: Tensor) -> "SparseTensor":
