@@ -240,7 +240,8 @@ class Tensor(TensorBase):
         return self
 
     # -- autodiff -----------------------------------------------------------------------------
-    def backward(self, grad: Any = None, retain_graph: bool = False, create_graph: bool = False) -> None:
+    def backward(self, grad: Any = None, retain_graph: builtins.bool = False,
+                 create_graph: builtins.bool = False) -> None:
         _backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
 
     def zero_grad(self) -> None:
@@ -265,18 +266,18 @@ class Tensor(TensorBase):
     def __le__(self, other): return _compare(Op.LE, self, other)
     def __gt__(self, other): return _compare(Op.GT, self, other)
     def __ge__(self, other): return _compare(Op.GE, self, other)
-    def __eq__(self, other): return _compare(Op.EQ, self, other)  # type: ignore[override]
-    def __ne__(self, other): return _compare(Op.NE, self, other)  # type: ignore[override]
+    def __eq__(self, other): return _compare(Op.EQ, self, other)
+    def __ne__(self, other): return _compare(Op.NE, self, other)
     __hash__ = object.__hash__
 
     def __abs__(self): return abs(self)
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> builtins.bool:
         if self.numel != 1:
             raise ShapeError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
         return bool(self.item())
 
-    def __float__(self) -> float:
+    def __float__(self) -> builtins.float:
         return float(self.item())
 
     def __int__(self) -> int:
@@ -308,15 +309,15 @@ class Tensor(TensorBase):
     def clip(self, lo=None, hi=None): return clip(self, lo, hi)
 
     # -- reductions -----------------------------------------------------------------------------
-    def sum(self, axis=None, keepdims: bool = False): return sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims: bool = False): return mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims: bool = False): return max(self, axis, keepdims)
-    def min(self, axis=None, keepdims: bool = False): return min(self, axis, keepdims)
-    def argmax(self, axis=None, keepdims: bool = False): return argmax(self, axis, keepdims)
-    def argmin(self, axis=None, keepdims: bool = False): return argmin(self, axis, keepdims)
+    def sum(self, axis=None, keepdims: builtins.bool = False): return sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims: builtins.bool = False): return mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims: builtins.bool = False): return max(self, axis, keepdims)
+    def min(self, axis=None, keepdims: builtins.bool = False): return min(self, axis, keepdims)
+    def argmax(self, axis=None, keepdims: builtins.bool = False): return argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims: builtins.bool = False): return argmin(self, axis, keepdims)
     def softmax(self, axis: int = -1): return softmax(self, axis)
     def log_softmax(self, axis: int = -1): return log_softmax(self, axis)
-    def logsumexp(self, axis=None, keepdims: bool = False): return logsumexp(self, axis, keepdims)
+    def logsumexp(self, axis=None, keepdims: builtins.bool = False): return logsumexp(self, axis, keepdims)
 
     # -- movement -------------------------------------------------------------------------------
     def reshape(self, *shape): return reshape(self, _shape_arg(shape))
@@ -368,9 +369,8 @@ def _int_arg(what: str, value: Any) -> int:
 
 
 def _shape_arg(shape: tuple, what: str = "shape") -> tuple:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
-    return tuple(_int_arg(what, s) for s in shape)
+    dims = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    return tuple(_int_arg(what, s) for s in dims)
 
 
 def _dim_arg(what: str, dim: Any, ndim: int) -> int:
@@ -1088,9 +1088,17 @@ def segment_max(values: Tensor, pattern) -> Tensor:
 # -- PyTorch's names ------------------------------------------------------------------------------------
 # dim=/keepdim= wherever axis=/keepdims= are taken (see polygrad.torch_names); wrapped here, once,
 # so each op keeps one signature in numpy's names.
-sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax, concat, stack = (  # noqa: A001
-    accept_torch_names(f) for f in (sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax,
-                                    concat, stack))
+sum = accept_torch_names(sum)  # noqa: A001
+mean = accept_torch_names(mean)
+max = accept_torch_names(max)  # noqa: A001
+min = accept_torch_names(min)  # noqa: A001
+argmax = accept_torch_names(argmax)
+argmin = accept_torch_names(argmin)
+logsumexp = accept_torch_names(logsumexp)
+softmax = accept_torch_names(softmax)
+log_softmax = accept_torch_names(log_softmax)
+concat = accept_torch_names(concat)
+stack = accept_torch_names(stack)
 cat = concat
 for _name in ("sum", "mean", "max", "min", "argmax", "argmin", "logsumexp", "softmax", "log_softmax"):
     setattr(Tensor, _name, accept_torch_names(getattr(Tensor, _name), f"Tensor.{_name}"))

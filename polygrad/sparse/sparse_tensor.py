@@ -82,7 +82,7 @@ class SparseTensor(Tensor):
         return self._values.dtype
 
     @property
-    def requires_grad(self) -> bool:  # type: ignore[override]
+    def requires_grad(self) -> bool:
         return self._values.requires_grad
 
     @requires_grad.setter
@@ -94,7 +94,7 @@ class SparseTensor(Tensor):
         return self._values._node
 
     @property
-    def grad(self) -> "SparseTensor | None":  # type: ignore[override]
+    def grad(self) -> "SparseTensor | None":
         """The gradient: a SparseTensor with this tensor's pattern (None before backward)."""
         g = self._values.grad
         if g is None:
@@ -116,12 +116,12 @@ class SparseTensor(Tensor):
                              f"the same pattern, got {_describe(g)}")
 
     @property
-    def _data(self):  # type: ignore[override]
+    def _data(self):
         raise ShapeError(f"{_describe(self)} reached a dense-only operation; use "
                          ".to_dense() first, or operate on its .values")
 
-    @property
-    def data(self) -> "SparseTensor":  # type: ignore[override]
+    @property  # type: ignore[override]  # settable property, narrowed to SparseTensor (sparse only takes sparse)
+    def data(self) -> "SparseTensor":
         """A detached view (same pattern, same value storage); assign to replace the values."""
         return self.detach()
 
@@ -257,7 +257,7 @@ class SparseTensor(Tensor):
                          "zeros would compare too); compare its .values (same pattern: A.with_values(A.values > 0)) "
                          "or .to_dense()")
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _no_compare  # type: ignore[assignment]
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _no_compare
     __hash__ = Tensor.__hash__
 
     # -- elementwise on the stored values (implicit zeros stay implicit) ------------------------
@@ -293,17 +293,17 @@ class SparseTensor(Tensor):
         return scale_cols(self, d)
 
     # -- movement -------------------------------------------------------------------------------
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> "SparseTensor":  # type: ignore[override]
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> "SparseTensor":
         if dim0 % 2 == dim1 % 2:
             return self
         return transpose(self)
 
     @property
-    def T(self) -> "SparseTensor":  # type: ignore[override]
+    def T(self) -> "SparseTensor":
         return transpose(self)
 
     def __repr__(self) -> str:
-        opts = dict(separator=", ", threshold=12, edgeitems=3)
+        opts: dict[str, Any] = dict(separator=", ", threshold=12, edgeitems=3)
         head = "sparse_tensor("
         pad = " " * len(head)
         idx = np.array2string(self.indices, prefix=head + "indices=", **opts)
