@@ -10,7 +10,7 @@ import builtins
 import math
 import operator
 from numbers import Number
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeGuard
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .inference import check_dims, normalize_axes
 from .ops import Op
 from .registry import owner_of, resolve
 from .torch_names import accept_torch_names
+
+if TYPE_CHECKING:  # the sparse package sits above this module (it imports Tensor)
+    from .sparse import SparseTensor
 
 _rng = np.random.default_rng()
 
@@ -637,7 +640,7 @@ def _sparse_binary(name: str, a: Any, b: Any) -> Any:
     return _sparse(name)(a, b)
 
 
-def is_sparse(x: Any) -> bool:
+def is_sparse(x: Any) -> TypeGuard[SparseTensor]:
     """Whether ``x`` is a sparse tensor (a :class:`~polygrad.sparse.SparseTensor`)."""
     return isinstance(x, Tensor) and x.layout != "dense"
 

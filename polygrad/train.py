@@ -23,7 +23,7 @@ from polygrad.errors import NonFiniteError
 
 from .nn.module import Module
 from .optim.optimizer import Optimizer
-from .tensor import Tensor
+from .tensor import Tensor, is_sparse
 
 __all__ = ["fit", "EpochRecord", "History"]
 
@@ -68,7 +68,7 @@ class _Snapshot:
 
 def _copy_tensor(t: Tensor) -> Tensor:
     # a private copy: the snapshot must not change if someone writes into the live storage
-    if getattr(t, "layout", "dense") != "dense":
+    if is_sparse(t):
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
     if t._be.lazy:  # a lazy backend's arrays are immutable values: sharing one is a copy
         return t.detach()

@@ -479,7 +479,7 @@ class Value:
         backpropagates several times faster.  With no ``Value`` among ``items`` the result is a
         leaf holding the plain sum.
         """
-        parents = []
+        parents: list[Value] = []
         push = parents.append
         total: Any = 0
         for v in items:
