@@ -420,7 +420,7 @@ class _HostFailed(Exception):
         self.exc = exc
 
 
-def _generate(cap: _Capture) -> Callable[[list], Any] | None:
+def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
     """The program as one Python function: a line per entry, buffers as local variables that are
     deleted after their last use.  This is what makes a replay cheap (no loop, no dispatch on the
     entry kind, no argument lists built per call).  None when the program has kernels after a

@@ -37,7 +37,7 @@ class Case:
     """One valid application of a primitive op.
 
     ``grad[i]`` says whether input ``i`` is differentiated in gradient checks (only floating
-    inputs can be; the default is every floating input of a differentiable op).
+    inputs can be; the default, ``()``, is every floating input of a differentiable op).
     ``float32``: whether a float32 variant (floating inputs cast to float32) is meaningful.
     """
     op: Op
@@ -45,12 +45,12 @@ class Case:
     inputs: tuple[np.ndarray, ...]
     attrs: dict = field(default_factory=dict)
     layout: str = "dense"
-    grad: tuple[bool, ...] | None = None
+    grad: tuple[bool, ...] = ()
     float32: bool = True
 
     def __post_init__(self) -> None:
         self.inputs = tuple(np.asarray(a) for a in self.inputs)
-        if self.grad is None:
+        if not self.grad:  # a case always has inputs: empty means the default
             diff = self.op not in NON_DIFFERENTIABLE
             self.grad = tuple(diff and a.dtype.kind == "f" for a in self.inputs)
 

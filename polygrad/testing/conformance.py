@@ -30,7 +30,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -120,7 +120,8 @@ def parse_xfails(text: str, source: str = "<xfail>") -> list[XFail]:
             continue
         if not 4 <= len(fields) <= 5:
             raise ValueError(f"{source}:{lineno}: expected 'backend op layout check [case]  # reason', got {raw!r}")
-        out.append(XFail(*fields, reason=reason.strip()))
+        backend, op, layout, check, *case = fields
+        out.append(XFail(backend, op, layout, check, case[0] if case else "*", reason=reason.strip()))
     return out
 
 
@@ -377,7 +378,7 @@ def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANC
     if len(got_arrays) != len(case.inputs):
         raise CheckFailure(f"{label}: fused backward kernel returned {len(got_arrays)} gradients for "
                            f"{len(case.inputs)} inputs")
-    got = []
+    got: list[np.ndarray | None] = []
     for i, (arr, need, t) in enumerate(zip(got_arrays, case.grad, ts)):
         if not need:
             got.append(None)
@@ -427,7 +428,7 @@ def check_errors(backend: str, case: BadCase, tol: Tolerances = DEFAULT_TOLERANC
     return 0.0
 
 
-CHECK_FUNCTIONS = {
+CHECK_FUNCTIONS: dict[str, Callable[..., float]] = {
     "forward": check_forward, "float32": check_float32, "grad-numeric": check_grad_numeric,
     "grad-scalar": check_grad_scalar, "fused-vjp": check_fused_vjp, "errors": check_errors,
 }
