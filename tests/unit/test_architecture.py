@@ -154,7 +154,8 @@ def test_one_is_sparse_and_one_describe():
     """One definition each (the sparse package had its own copies)."""
     defs = [f"{path.relative_to(CORE)}:{node.name}" for path in _core_files()
             for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.lstrip("_") in ("is_sparse", "describe")]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name.lstrip("_") in ("is_sparse", "describe")]
     assert sorted(defs) == ["sparse/sparse_tensor.py:_describe", "tensor.py:is_sparse"], defs
 
 
@@ -163,8 +164,8 @@ def test_one_is_sparse_and_one_describe():
 # The places, in the order a contributor fills them (six files; a floating unary op needs no
 # entry in inference.py or reference.py: both derive it from the op's group and its name).
 OP_PLACES = """\
-polygrad/ops.py           the Op member, and its group (UNARY, FLOAT_UNARY, BINARY, ...)
-polygrad/grad_rules.py    its VJP rule in RULES (or the op is in ops.NON_DIFFERENTIABLE)
+polygrad/ops.py           the Op member, declared with its groups: NAME = "name", "unary", ...
+polygrad/grad_rules.py    its VJP rule, the function _<name>_rule (or the op's groups say "no_grad")
 polygrad/value.py         a floating unary op: its Value method, added with value.unary(...)
                           (scalar_math.<name> when plain floats need IEEE results)
 backends/array_kernels.py its kernel in make_kernels (every numpy/cupy kernel, once)
@@ -196,7 +197,7 @@ def missing_places(op) -> list[str]:
     if op not in inference._RULES:
         missing.append("polygrad/inference.py: no shape/dtype rule in _RULES")
     if op not in grad_rules.RULES and op not in NON_DIFFERENTIABLE:
-        missing.append("polygrad/grad_rules.py: no VJP rule in RULES (and not in ops.NON_DIFFERENTIABLE)")
+        missing.append(f"polygrad/grad_rules.py: no VJP rule _{name}_rule (and the op is not \"no_grad\")")
     if (op not in reference._UNARY and op not in reference._BINARY
             and f"Op.{op.name}" not in inspect.getsource(reference.run)):
         missing.append("polygrad/reference.py: no scalar reference in run()")
@@ -237,6 +238,20 @@ def test_the_op_checker_names_each_missing_place(monkeypatch):
     places = missing_places(Op.TANH)
     for file in ("grad_rules.py", "inference.py", "reference.py", "scalar_math.py"):
         assert any(file in p for p in places), (file, places)
+
+
+def test_an_op_is_declared_once_in_ops_py_and_once_in_grad_rules_py():
+    """The groups derive from each member's declaration; RULES from the rules' names."""
+    from polygrad import grad_rules, ops
+    from polygrad.ops import Op
+
+    assert Op.EXP in ops.UNARY and Op.EXP in ops.FLOAT_UNARY and Op.EXP not in ops.BINARY
+    assert ops.NON_DIFFERENTIABLE == ops.COMPARE | {Op.SEGMENT_MAX}
+    assert Op("segment_max").groups == {"sparse", "no_grad"} and str(Op.MATMUL) == "matmul"
+    assert grad_rules.RULES[Op.TANH] is grad_rules._tanh_rule
+    assert set(grad_rules.RULES) == set(Op) - ops.NON_DIFFERENTIABLE
+    source = (CORE / "grad_rules.py").read_text()
+    assert "_tanh_rule" in source and source.count("Op.TANH") <= 1  # named once, not listed again
 
 
 def test_a_new_floating_unary_op_needs_one_place_in_value_py():
