@@ -77,32 +77,39 @@ def test_the_backend_name_check_catches_what_it_should():
 # Function-local imports of core modules that remain, each with the reason.  None is left: the
 # sparse package hands Tensor its routing table (tensor.register_sparse_api) instead.
 LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {}
-LAYERS = ["ops", "dispatch", "grad_rules", "autodiff", "tensor"]
+LAYERS = ["ops", "dispatch", "grad_rules", "autodiff", "tensor", "sparse"]
 
 
 def _core_imports() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
-    """(top-level imports between the core's modules, function-local ones as (module, line, target))."""
-    modules = {p.stem for p in CORE.glob("*.py")}
+    """(top-level imports between the core's modules, function-local ones as (module, line, target)).
+
+    A subpackage (sparse, nn, optim, ...) is one node: the imports of all its files from ``..``."""
+    packages = {p.name: sorted(p.rglob("*.py")) for p in CORE.iterdir()
+                if p.is_dir() and (p / "__init__.py").exists() and p.name != "backends"}
+    units = {p.stem: [p] for p in CORE.glob("*.py")} | packages
+    modules = set(units)
     top: dict[str, set[str]] = {}
     local: list[tuple[str, int, str]] = []
-    for path in sorted(CORE.glob("*.py")):
+    for unit, paths in sorted(units.items()):
         deps: set[str] = set()
+        for path in paths:
+            level = len(path.relative_to(CORE).parts)  # 1 for polygrad/x.py, 2 for polygrad/pkg/x.py
 
-        def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.ImportFrom) and child.level == 1:
-                    names = [child.module] if child.module else [a.name for a in child.names]
-                    for target in {n.split(".")[0] for n in names} & modules:
-                        if in_function:
-                            local.append((path.stem, child.lineno, target))
-                        elif not type_only:
-                            deps.add(target)
-                guard = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
-                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
-                      type_only or guard)
+            def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.ImportFrom) and child.level == level:
+                        names = [child.module] if child.module else [a.name for a in child.names]
+                        for target in {n.split(".")[0] for n in names} & modules:
+                            if in_function:
+                                local.append((unit, child.lineno, target))
+                            elif not type_only:
+                                deps.add(target)
+                    guard = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+                    visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
+                          type_only or guard)
 
-        visit(ast.parse(path.read_text()), False, False)
-        top[path.stem] = deps
+            visit(ast.parse(path.read_text()), False, False)
+        top[unit] = deps - {unit}
     return top, local
 
 
@@ -122,7 +129,7 @@ def test_core_modules_import_each_other_without_a_cycle():
 
 
 def test_layers_depend_one_way():
-    """ops -> dispatch -> grad_rules -> autodiff -> tensor: no layer reaches one above it."""
+    """ops -> dispatch -> grad_rules -> autodiff -> tensor -> sparse: no layer reaches one above it."""
     top, _ = _core_imports()
     for i, layer in enumerate(LAYERS):
         above = set(LAYERS[i + 1:])
