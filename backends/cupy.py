@@ -45,7 +45,7 @@ import numpy as np
 import polygrad as pg
 from polygrad.backend import KDLCUDA, KDLCUDAMANAGED
 from polygrad.errors import BackendUnavailableError, SparseIndexError
-from polygrad.errors import describe_exception as _describe
+from polygrad.errors import describe_exception
 from polygrad.ops import Op
 
 from .array_kernels import make_kernels
@@ -250,7 +250,7 @@ class CupyBackend(pg.Backend):
             except Exception as exc:  # noqa: BLE001 - a broken cupy install must not break us
                 missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "cupy").split(".")[0] == "cupy"
                 what = "cupy not installed" if missing else "cupy failed to import"
-                self._reason = f"{what} ({_describe(exc)}; {INSTALL_HINT})"
+                self._reason = f"{what} ({describe_exception(exc)}; {INSTALL_HINT})"
                 return self._reason
             cp = mods.cupy
             try:
@@ -267,7 +267,7 @@ class CupyBackend(pg.Backend):
                     raise RuntimeError("a one-element probe allocation came back wrong")
                 del probe
             except Exception as exc:  # noqa: BLE001
-                self._reason = f"no CUDA device: {_describe(exc)}"
+                self._reason = f"no CUDA device: {describe_exception(exc)}"
                 return self._reason
             self._mods = mods
             self._reason = ""
@@ -311,7 +311,7 @@ class CupyBackend(pg.Backend):
             free, total = cp.cuda.runtime.memGetInfo()
             out["memory_free"], out["memory_total"] = int(free), int(total)
         except Exception as exc:  # noqa: BLE001 - informational only
-            out["device_error"] = _describe(exc)
+            out["device_error"] = describe_exception(exc)
         out["cusparse"] = "yes" if mods.cusparse is not None else f"no ({mods.cusparse_error})"
         return out
 

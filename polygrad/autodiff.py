@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from . import grad_rules
 from .config import config
 from .dispatch import KernelFault, _grad_enabled, _recording, registry, report_fallback, scalar_cost, scalar_decompose
 from .errors import DTypeError, GraphError, PolygradError, ShapeError
-from .graph import TensorBase, toposort
+from .graph import Node, TensorBase, toposort
 from .ops import kernel_key
 from .value import Value
 from .value import _run as value_run
@@ -95,7 +95,7 @@ def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -
     for o, s in pairs:
         o.grad += float(s)
     value_run(order)
-    grads = []
+    grads: list[TensorBase | None] = []
     for items, inp in zip(leaves, inputs):
         if not inp.requires_grad or (items and not isinstance(items[0], Value)):
             grads.append(None)
@@ -126,7 +126,7 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
         if len(arrays) != len(node.inputs):
             raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned "
                               f"{len(arrays)} gradients for {len(node.inputs)} inputs")
-        grads = []
+        grads: list[TensorBase | None] = []
         for t, arr, need in zip(node.inputs, arrays, needs):
             if not need:
                 grads.append(None)
@@ -174,7 +174,7 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
     grads: dict[int, "Tensor"] = {}
     for r, s in zip(roots, seeds):
         grads[id(r)] = grads[id(r)] + s if id(r) in grads else s
-    produced = []
+    produced: list[tuple[TensorBase, TensorBase]] = []
     started = time.perf_counter()
     with _grad_mode(create_graph):
         # leaves that are roots themselves (x.backward() on a leaf)
@@ -183,13 +183,13 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                 _deliver(r, grads.pop(id(r)), capture, produced)
         for t in reversed(order):
             g = grads.pop(id(t), None)
-            node = t._node
+            node = cast(Node, t._node)  # toposort orders only tensors that have a node
             if g is None:
                 continue
             if capture is not None:
                 if id(t) in capture:
                     capture[id(t)] = g if capture[id(t)] is None else capture[id(t)] + g
-                if id(t) not in wanted:
+                if wanted is not None and id(t) not in wanted:
                     continue  # nothing below this tensor was asked for
             inputs = node.inputs
             if inputs is None:

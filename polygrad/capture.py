@@ -122,7 +122,7 @@ def fresh(make: Callable[[], Tensor], raw: Callable[[], Any] | None = None) -> T
     return t
 
 
-def host_call(method: Callable[[], Any], idempotent: bool, replayable: bool = True) -> None:
+def host_call(method: Callable[..., Any], idempotent: bool, replayable: bool = True) -> None:
     """Note that host code with effects polygrad's kernels do not see (an optimizer's ``step``) is
     about to run; a replay calls ``method()`` at the same point.  ``replayable=False`` makes the
     capture refuse (e.g. ``step(closure)``, which runs a forward pass of its own)."""
@@ -433,7 +433,7 @@ class _HostFailed(Exception):
         self.exc = exc
 
 
-def _generate(cap: _Capture) -> Callable[[list], Any] | None:
+def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
     """The program as one Python function: a line per entry, buffers as local variables that are
     deleted after their last use.  This is what makes a replay cheap (no loop, no dispatch on the
     entry kind, no argument lists built per call).  None when the program has kernels after a

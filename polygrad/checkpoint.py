@@ -185,7 +185,7 @@ def remove_stale_temporaries(target: "str | os.PathLike[str]") -> list[str]:
     target = Path(os.fspath(target))
     folder = target.parent if str(target.parent) else Path(".")
     pattern = _temporary_pattern(target)
-    removed = []
+    removed: list[str] = []
     try:
         names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
     except OSError:

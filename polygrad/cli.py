@@ -189,6 +189,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if synthetic and args.dataset.lower() != "cora":
             print(f"polygrad: note: --dataset {args.dataset} needs --data DIR or --download; running on the "
                   "embedded synthetic graph", file=sys.stderr)
+        run: Callable[..., dict[str, Any]]
         if args.demo in ("gat", "sage"):
             from polygrad import gnn_demos
             run = gnn_demos.run_gat if args.demo == "gat" else gnn_demos.run_sage

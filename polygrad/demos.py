@@ -140,7 +140,7 @@ def drawing_first_graph(loss_fn: Callable[[], Any], path: str | None) -> Callabl
     """``loss_fn`` that writes its first loss's autodiff graph to ``path`` (before backward frees it)."""
     if not path:
         return loss_fn
-    drawn = []
+    drawn: list[Any] = []
 
     def wrapped():
         loss, metrics = loss_fn()

@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections import Counter
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def _kernel(be, op: Op, layout: str):
     return table.get(kernel_key(op, layout))
 
 
-def run_kernel(be, op: Op, layout: str, arrays: list, attrs: dict, shape: tuple, dtype) -> Any:
+def run_kernel(be, op: Op, layout: str, arrays: Sequence[Any], attrs: dict, shape: tuple, dtype) -> Any:
     """Run the backend's kernel and check its output; KernelFault / the kernel's error on failure."""
     kernel = _kernel(be, op, layout)
     if kernel is None:
@@ -119,6 +119,9 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     first = inputs[0]
     be = first._be
     n = len(inputs)
+    shapes: tuple
+    dtypes: tuple
+    arrays: Sequence[Any]
     if n == 1:
         shapes, dtypes, arrays = (first.shape,), (first.dtype,), (first._data,)
         needs_grad = first.requires_grad
@@ -135,16 +138,16 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         promoted = _promoted(op, inputs) if op in PROMOTING else None
         if promoted is not None:
             return apply(op, promoted, attrs, layout)
-        shapes, dtypes, arrays = [], [], []
+        shape_list, dtype_list, array_list = [], [], []
         needs_grad = False
         for t in inputs:
             if t._be is not be:
                 raise _mixed(op, inputs)
-            shapes.append(t.shape)
-            dtypes.append(t.dtype)
-            arrays.append(t._data)
+            shape_list.append(t.shape)
+            dtype_list.append(t.dtype)
+            array_list.append(t._data)
             needs_grad = needs_grad or t.requires_grad
-        shapes, dtypes = tuple(shapes), tuple(dtypes)
+        shapes, dtypes, arrays = tuple(shape_list), tuple(dtype_list), array_list
     shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
     # the memory budget is checked before the kernel allocates, from the inferred output size
     if math.prod(shape) * dtype.itemsize >= memory.CHECK_FLOOR:

@@ -16,7 +16,7 @@ bool_ = np.dtype("bool")
 # Like PyTorch: float32 unless asked otherwise.
 default_float: np.dtype = float32
 
-_ALIASES = {"float": float32, "double": float64, "long": int64, "int": int64, "bool": bool_}
+_ALIASES: dict[str, np.dtype] = {"float": float32, "double": float64, "long": int64, "int": int64, "bool": bool_}
 
 
 def as_dtype(dtype: Any) -> np.dtype:

@@ -287,15 +287,12 @@ def _segment_sum_rule(node, out, g):
     return (_take(g, (node.attrs["pattern"].rows,)),)
 
 
-RULES: dict[Op, Rule] = {
-    Op.NEG: _neg_rule, Op.EXP: _exp_rule, Op.LOG: _log_rule, Op.RELU: _relu_rule, Op.TANH: _tanh_rule,
-    Op.RECIPROCAL: _reciprocal_rule, Op.CAST: _cast_rule,
-    Op.ADD: _add_rule, Op.MUL: _mul_rule, Op.POW: _pow_rule, Op.MAXIMUM: _maximum_rule, Op.WHERE: _where_rule,
-    Op.SUM: _sum_rule, Op.MAX: _max_rule,
-    Op.RESHAPE: _reshape_rule, Op.PERMUTE: _permute_rule, Op.EXPAND: _expand_rule, Op.GETITEM: _getitem_rule,
-    Op.INDEX_ADD: _index_add_rule, Op.CONCAT: _concat_rule, Op.MATMUL: _matmul_rule,
-    Op.SPMM: _spmm_rule, Op.SDDMM: _sddmm_rule, Op.SEGMENT_SUM: _segment_sum_rule,
-}
+# The table: each op's rule is the function above named ``_<op>_rule`` (one place per op; the ops
+# in ops.NON_DIFFERENTIABLE have none), found by that name the way pluggy finds hooks.
+RULES: dict[Op, Rule] = {op: globals()[f"_{op.value}_rule"] for op in Op if f"_{op.value}_rule" in globals()}
+_unmatched = sorted(name for name in globals() if name.startswith("_") and name.endswith("_rule")
+                    and name[1:-len("_rule")] not in {op.value for op in Op})
+assert not _unmatched, f"gradient rules named for no op: {_unmatched}"
 
 
 def vjp(node, out: "Tensor", g: "Tensor") -> tuple:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .ops import Op
 
 if TYPE_CHECKING:
@@ -21,6 +23,16 @@ class TensorBase:
 
     __slots__ = ()
     _new: Any  # set to Tensor._make by polygrad.tensor
+
+    # The slots polygrad.Tensor declares, typed here for the layers that know tensors by this type.
+    _data: Any  # the backend's array
+    _be: Any  # the Backend that owns _data
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    requires_grad: bool
+    grad: Any  # None, or a tensor of the same shape (sparse for a sparse leaf)
+    _node: Node | None  # the op that produced this tensor; None for a leaf
+    name: str | None
 
 
 class Node:

@@ -19,7 +19,7 @@ Shape = tuple[int, ...]
 Spec = tuple[Shape, np.dtype]
 
 
-def _describe(shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...]) -> str:
+def _shapes_and_dtypes(shapes: tuple[Shape, ...], dtypes: tuple[np.dtype, ...]) -> str:
     return ", ".join(f"{tuple(s)}:{d}" for s, d in zip(shapes, dtypes))
 
 
@@ -101,8 +101,8 @@ def _binary(op, shapes, dtypes, attrs):
     dtype = da if da == db else promote(da, db)
     if dtype.kind != "f" and (dtype == bool_ and op != Op.MUL or op == Op.POW):
         if op != Op.POW:
-            raise DTypeError(f"op '{op}' is not defined for bool tensors ({_describe(shapes, dtypes)})")
-        raise DTypeError(f"op 'pow' needs a floating base or exponent, got {_describe(shapes, dtypes)}")
+            raise DTypeError(f"op '{op}' is not defined for bool tensors ({_shapes_and_dtypes(shapes, dtypes)})")
+        raise DTypeError(f"op 'pow' needs a floating base or exponent, got {_shapes_and_dtypes(shapes, dtypes)}")
     return shape, dtype
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tensor import Tensor
+from .tensor import Tensor, is_sparse
 
 __all__ = ["materialize"]
 
@@ -21,7 +21,7 @@ def _dense(t: Any) -> Tensor | None:
     """The dense tensor holding ``t``'s numbers (a sparse tensor's values), or None."""
     if not isinstance(t, Tensor):
         return None
-    return t.values if getattr(t, "layout", "dense") != "dense" else t
+    return t.values if is_sparse(t) else t
 
 
 def materialize(*tensors: Any) -> None:

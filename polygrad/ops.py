@@ -11,60 +11,75 @@ from enum import Enum
 
 
 class Op(str, Enum):
-    # unary elementwise
-    NEG = "neg"
-    EXP = "exp"
-    LOG = "log"
-    RELU = "relu"
-    TANH = "tanh"
-    RECIPROCAL = "reciprocal"
-    CAST = "cast"
-    # binary elementwise (numpy broadcasting)
-    ADD = "add"
-    MUL = "mul"
-    POW = "pow"
-    MAXIMUM = "maximum"
-    # comparisons (no gradient)
-    LT = "lt"
-    LE = "le"
-    GT = "gt"
-    GE = "ge"
-    EQ = "eq"
-    NE = "ne"
-    # ternary
-    WHERE = "where"
-    # reductions
-    SUM = "sum"
-    MAX = "max"
-    # movement
-    RESHAPE = "reshape"
-    PERMUTE = "permute"
-    EXPAND = "expand"
-    GETITEM = "getitem"
-    INDEX_ADD = "index_add"
-    CONCAT = "concat"
-    # linear algebra
-    MATMUL = "matmul"
-    # sparse (pattern in attrs, values as a dense 1-D operand)
-    SPMM = "spmm"
-    SDDMM = "sddmm"
-    SEGMENT_SUM = "segment_sum"
-    SEGMENT_MAX = "segment_max"
+    """A primitive op: its name, and the groups it belongs to (declared with it, once).
+
+    Groups: "unary", "float_unary" (a unary op defined on floats only), "binary", "compare",
+    "ternary", "reduce", "movement", "sparse" (pattern in attrs, values a dense 1-D operand),
+    "no_grad" (the output carries no gradient, whatever the inputs).
+    """
+
+    _value_: str
+    groups: frozenset[str]
+
+    def __new__(cls, name: str, *groups: str) -> "Op":
+        op = str.__new__(cls, name)
+        op._value_ = name
+        op.groups = frozenset(groups)
+        return op
+
+    NEG = "neg", "unary"
+    EXP = "exp", "unary", "float_unary"
+    LOG = "log", "unary", "float_unary"
+    RELU = "relu", "unary"
+    TANH = "tanh", "unary", "float_unary"
+    RECIPROCAL = "reciprocal", "unary", "float_unary"
+    CAST = "cast", "unary"
+    # elementwise, numpy broadcasting
+    ADD = "add", "binary"
+    MUL = "mul", "binary"
+    POW = "pow", "binary"
+    MAXIMUM = "maximum", "binary"
+    LT = "lt", "compare", "no_grad"
+    LE = "le", "compare", "no_grad"
+    GT = "gt", "compare", "no_grad"
+    GE = "ge", "compare", "no_grad"
+    EQ = "eq", "compare", "no_grad"
+    NE = "ne", "compare", "no_grad"
+    WHERE = "where", "ternary"
+    SUM = "sum", "reduce"
+    MAX = "max", "reduce"
+    RESHAPE = "reshape", "movement"
+    PERMUTE = "permute", "movement"
+    EXPAND = "expand", "movement"
+    GETITEM = "getitem", "movement"
+    INDEX_ADD = "index_add", "movement"
+    CONCAT = "concat", "movement"
+    MATMUL = "matmul"  # linear algebra
+    SPMM = "spmm", "sparse"
+    SDDMM = "sddmm", "sparse"
+    SEGMENT_SUM = "segment_sum", "sparse"
+    SEGMENT_MAX = "segment_max", "sparse", "no_grad"
 
     def __str__(self) -> str:  # so messages read "op 'matmul'", not "Op.MATMUL"
         return self.value
 
 
-UNARY = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.TANH, Op.RECIPROCAL, Op.CAST})
-FLOAT_UNARY = frozenset({Op.EXP, Op.LOG, Op.TANH, Op.RECIPROCAL})
-BINARY = frozenset({Op.ADD, Op.MUL, Op.POW, Op.MAXIMUM})
-COMPARE = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
-ELEMENTWISE = UNARY | BINARY | COMPARE | {Op.WHERE}
-REDUCE = frozenset({Op.SUM, Op.MAX})
-MOVEMENT = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.GETITEM, Op.INDEX_ADD, Op.CONCAT})
-SPARSE = frozenset({Op.SPMM, Op.SDDMM, Op.SEGMENT_SUM, Op.SEGMENT_MAX})
+def _group(name: str) -> frozenset[Op]:
+    return frozenset(op for op in Op if name in op.groups)
+
+
+UNARY = _group("unary")
+FLOAT_UNARY = _group("float_unary")
+BINARY = _group("binary")
+COMPARE = _group("compare")
+ELEMENTWISE = UNARY | BINARY | COMPARE | _group("ternary")
+REDUCE = _group("reduce")
+MOVEMENT = _group("movement")
+SPARSE = _group("sparse")
 # Ops whose output carries no gradient, whatever their inputs.
-NON_DIFFERENTIABLE = COMPARE | {Op.SEGMENT_MAX}
+NON_DIFFERENTIABLE = _group("no_grad")
+_GROUPS = {"unary", "float_unary", "binary", "compare", "ternary", "reduce", "movement", "sparse", "no_grad"}
+assert all(op.groups <= _GROUPS for op in Op), "an Op names a group that does not exist"
 
 
 def kernel_key(op: Op, layout: str) -> tuple[Op, str]:

@@ -17,7 +17,7 @@ alive at once.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 from scipy.sparse import _sparsetools
@@ -122,7 +122,8 @@ class Pattern:
             if isinstance(arr, np.ndarray):
                 arr.flags.writeable = False
         self.layout = layout
-        self._transpose: tuple[Pattern, np.ndarray] | None = None
+        # (the transpose, its permutation); the permutation is None on a transpose's way back
+        self._transpose: tuple[Pattern, np.ndarray | None] | None = None
         self._device: dict[Any, Any] = {}
 
     @property
@@ -179,12 +180,14 @@ class Pattern:
             t._transpose = (self, None)  # the way back: its permutation is inverted when asked
             self._transpose = (t, perm)
         elif self._transpose[1] is None:
-            back, forward = self._transpose[0], self._transpose[0]._transpose[1]
+            # the forward transpose set this way back and keeps its own permutation: never None
+            back = self._transpose[0]
+            forward = cast("tuple[Pattern, np.ndarray]", back._transpose)[1]
             inv = np.empty_like(forward)
             inv[forward] = np.arange(forward.shape[0])
             inv.flags.writeable = False
             self._transpose = (back, inv)
-        return self._transpose
+        return cast("tuple[Pattern, np.ndarray]", self._transpose)  # both branches filled the permutation
 
     def union_diagonal(self) -> tuple["Pattern", np.ndarray, np.ndarray, np.ndarray]:
         """The pattern with every diagonal entry added (square only), by one linear insertion pass.

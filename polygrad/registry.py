@@ -24,7 +24,7 @@ from . import hookspecs
 from .backend import Backend, KernelOverride, contract_problem
 from .errors import BackendUnavailableError
 from .events import GuardedEvent
-from .errors import describe_exception as _describe
+from .errors import describe_exception
 from .ops import Op, kernel_key
 
 ENTRY_POINT_GROUP = "polygrad"
@@ -82,7 +82,7 @@ class Registry:
                 eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
             except Exception as exc:  # noqa: BLE001 - broken metadata on sys.path must not break us
                 self.entries.setdefault("<entry points>", _Entry("<entry points>", "<unknown>", error=(
-                    f"could not read the entry points of group {ENTRY_POINT_GROUP!r}: {_describe(exc)}")))
+                    f"could not read the entry points of group {ENTRY_POINT_GROUP!r}: {describe_exception(exc)}")))
                 return
             for ep in eps:
                 try:
@@ -96,7 +96,7 @@ class Registry:
                     if isinstance(exc, KeyboardInterrupt):
                         raise
                     self.entries.setdefault(ep.name, _Entry(ep.name, origin,
-                                                            error=f"failed to import: {_describe(exc)}"))
+                                                            error=f"failed to import: {describe_exception(exc)}"))
                     continue
                 self.register_plugin(plugin, name=ep.name, origin=origin)
 
@@ -118,7 +118,8 @@ class Registry:
             except Exception as exc:  # pluggy's PluginValidationError names the hook
                 if self.pm.is_registered(plugin):
                     self.pm.unregister(plugin)
-                self.entries.setdefault(name, _Entry(name, origin, error=f"failed to register: {_describe(exc)}"))
+                self.entries.setdefault(name, _Entry(name, origin,
+                                                     error=f"failed to register: {describe_exception(exc)}"))
                 return
             try:
                 self._collect(plugin, name, origin)
@@ -126,7 +127,8 @@ class Registry:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 self.pm.unregister(plugin)
-                self.entries.setdefault(name, _Entry(name, origin, error=f"raised in registration: {_describe(exc)}"))
+                self.entries.setdefault(name, _Entry(name, origin,
+                                                     error=f"raised in registration: {describe_exception(exc)}"))
             self._refresh_events()
 
     def unregister_plugin(self, plugin: Any) -> None:
@@ -220,7 +222,7 @@ class Registry:
         except BaseException as exc:  # noqa: BLE001 - a broken backend must not break us
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            ok, entry.reason = False, f"is_available() raised {_describe(exc)}"
+            ok, entry.reason = False, f"is_available() raised {describe_exception(exc)}"
             entry.error = entry.reason
         entry.available = ok
 

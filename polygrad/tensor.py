@@ -10,7 +10,7 @@ import builtins
 import math
 import operator
 from numbers import Number
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeGuard
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .inference import check_dims, normalize_axes
 from .ops import Op
 from .registry import owner_of, resolve
 from .torch_names import accept_torch_names
+
+if TYPE_CHECKING:  # the sparse package sits above this module (it imports Tensor)
+    from .sparse import SparseTensor
 
 _rng = np.random.default_rng()
 
@@ -233,15 +236,15 @@ class Tensor(TensorBase):
     def bool(self) -> "Tensor":
         return self.cast(bool_)
 
-    def to_sparse(self, layout: str = "csr"):
-        from .sparse import to_sparse
-        return to_sparse(self, layout)
+    def to_sparse(self, layout: str = "csr") -> Any:
+        return _sparse("to_sparse")(self, layout)
 
     def to_dense(self) -> "Tensor":
         return self
 
     # -- autodiff -----------------------------------------------------------------------------
-    def backward(self, grad: Any = None, retain_graph: bool = False, create_graph: bool = False) -> None:
+    def backward(self, grad: Any = None, retain_graph: builtins.bool = False,
+                 create_graph: builtins.bool = False) -> None:
         _backward(self, grad, retain_graph=retain_graph, create_graph=create_graph)
 
     def zero_grad(self) -> None:
@@ -266,18 +269,18 @@ class Tensor(TensorBase):
     def __le__(self, other): return _compare(Op.LE, self, other)
     def __gt__(self, other): return _compare(Op.GT, self, other)
     def __ge__(self, other): return _compare(Op.GE, self, other)
-    def __eq__(self, other): return _compare(Op.EQ, self, other)  # type: ignore[override]
-    def __ne__(self, other): return _compare(Op.NE, self, other)  # type: ignore[override]
+    def __eq__(self, other): return _compare(Op.EQ, self, other)
+    def __ne__(self, other): return _compare(Op.NE, self, other)
     __hash__ = object.__hash__
 
     def __abs__(self): return abs(self)
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> builtins.bool:
         if self.numel != 1:
             raise ShapeError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
         return bool(self.item())
 
-    def __float__(self) -> float:
+    def __float__(self) -> builtins.float:
         return float(self.item())
 
     def __int__(self) -> int:
@@ -309,15 +312,15 @@ class Tensor(TensorBase):
     def clip(self, lo=None, hi=None): return clip(self, lo, hi)
 
     # -- reductions -----------------------------------------------------------------------------
-    def sum(self, axis=None, keepdims: bool = False): return sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims: bool = False): return mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims: bool = False): return max(self, axis, keepdims)
-    def min(self, axis=None, keepdims: bool = False): return min(self, axis, keepdims)
-    def argmax(self, axis=None, keepdims: bool = False): return argmax(self, axis, keepdims)
-    def argmin(self, axis=None, keepdims: bool = False): return argmin(self, axis, keepdims)
+    def sum(self, axis=None, keepdims: builtins.bool = False): return sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims: builtins.bool = False): return mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims: builtins.bool = False): return max(self, axis, keepdims)
+    def min(self, axis=None, keepdims: builtins.bool = False): return min(self, axis, keepdims)
+    def argmax(self, axis=None, keepdims: builtins.bool = False): return argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims: builtins.bool = False): return argmin(self, axis, keepdims)
     def softmax(self, axis: int = -1): return softmax(self, axis)
     def log_softmax(self, axis: int = -1): return log_softmax(self, axis)
-    def logsumexp(self, axis=None, keepdims: bool = False): return logsumexp(self, axis, keepdims)
+    def logsumexp(self, axis=None, keepdims: builtins.bool = False): return logsumexp(self, axis, keepdims)
 
     # -- movement -------------------------------------------------------------------------------
     def reshape(self, *shape): return reshape(self, _shape_arg(shape))
@@ -369,9 +372,8 @@ def _int_arg(what: str, value: Any) -> int:
 
 
 def _shape_arg(shape: tuple, what: str = "shape") -> tuple:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
-    return tuple(_int_arg(what, s) for s in shape)
+    dims = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    return tuple(_int_arg(what, s) for s in dims)
 
 
 def _dim_arg(what: str, dim: Any, ndim: int) -> int:
@@ -422,8 +424,7 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
     ``layout="auto"`` lets the cost model store a mostly-zero matrix sparse; "csr"/"coo" force it.
     """
     if layout != "dense":
-        from .sparse import from_dense_data
-        return from_dense_data(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
+        return _sparse("from_dense_data")(data, dtype=dtype, requires_grad=requires_grad, backend=backend,
                                layout=layout, **sparse_kwargs)
     be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
     if backend is None and not isinstance(data, (Tensor, np.ndarray, np.generic, list, tuple, Number)):
@@ -615,45 +616,65 @@ def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:
     return a, b
 
 
-def _sparse_binary(name: str, a, b):
-    from . import sparse
-    return getattr(sparse, name)(a, b)
+# -- sparse operands ------------------------------------------------------------------------------
+# polygrad.sparse sits above this module (its SparseTensor is a Tensor), so the dense API reaches
+# the sparse one through this table, which the sparse package fills when it is imported
+# (``import polygrad`` imports it, before any tensor exists).
+_SPARSE_API: dict[str, Callable[..., Any]] = {}
 
 
-def _is_sparse(x) -> bool:
+def register_sparse_api(**functions: Callable[..., Any]) -> None:
+    """Called once by ``polygrad.sparse``: the functions Tensor routes sparse operands to."""
+    _SPARSE_API.update(functions)
+
+
+def _sparse(name: str) -> Callable[..., Any]:
+    try:
+        return _SPARSE_API[name]
+    except KeyError:
+        raise PolygradError(f"the sparse API ({name}) is not loaded: "
+                            "import polygrad, not polygrad.tensor alone") from None
+
+
+def _sparse_binary(name: str, a: Any, b: Any) -> Any:
+    return _sparse(name)(a, b)
+
+
+def is_sparse(x: Any) -> TypeGuard[SparseTensor]:
+    """Whether ``x`` is a sparse tensor (a :class:`~polygrad.sparse.SparseTensor`)."""
     return isinstance(x, Tensor) and x.layout != "dense"
 
 
 def add(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("add", a, b)
     a, b = _pair(a, b)
     return apply(Op.ADD, (a, b))
 
 
 def mul(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("mul", a, b)
     a, b = _pair(a, b)
     return apply(Op.MUL, (a, b))
 
 
 def sub(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("sub", a, b)
     a, b = _pair(a, b)
     return apply(Op.ADD, (a, apply(Op.NEG, (b,))))
 
 
 def div(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("div", a, b)
     a, b = _pair(a, b)
     return apply(Op.MUL, (_floating(a), apply(Op.RECIPROCAL, (_floating(b),))))
 
 
 def pow(a, b) -> Tensor:  # noqa: A001
-    if _is_sparse(a) or _is_sparse(b):
+    if is_sparse(a) or is_sparse(b):
         return _sparse_binary("pow", a, b)
     a, b = _pair(a, b)
     if a.dtype.kind != "f" and b.dtype.kind != "f":
@@ -723,9 +744,8 @@ def sigmoid(x: Tensor) -> Tensor:
 # -- reductions ---------------------------------------------------------------------------------------
 
 def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    if _is_sparse(x):
-        from .sparse import sparse_sum
-        return sparse_sum(x, axis, keepdims)
+    if is_sparse(x):
+        return _sparse("sum")(x, axis, keepdims)
     return apply(Op.SUM, (x,), {"axes": normalize_axes(Op.SUM, axis, x.ndim), "keepdims": keepdims})
 
 
@@ -895,9 +915,8 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
 
 
 def transpose(x: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
-    if _is_sparse(x):
-        from .sparse import transpose as sparse_transpose
-        return sparse_transpose(x)
+    if is_sparse(x):
+        return _sparse("transpose")(x)
     if x.ndim < 2:
         return x
     dim0, dim1 = _dim_arg("transpose", dim0, x.ndim), _dim_arg("transpose", dim1, x.ndim)
@@ -986,7 +1005,7 @@ def _dims_consumed(item: Any) -> int:
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    if _is_sparse(x):
+    if is_sparse(x):
         raise ShapeError("indexing a sparse tensor is not supported; use to_dense() or gather rows densely")
     return apply(Op.GETITEM, (x,), {"index": _normalize_index(index, x.shape)})
 
@@ -1038,25 +1057,16 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 
 
 def matmul(a, b) -> Tensor:
-    if _is_sparse(a) or _is_sparse(b):
-        from .sparse import matmul as sparse_matmul
-        return sparse_matmul(a, b)
+    if is_sparse(a) or is_sparse(b):
+        return _sparse("matmul")(a, b)
     a, b = _pair(a, b)
-    a_sparse = _maybe_sparsify(a, b)
+    a_sparse = _sparse("maybe_sparsify_for_matmul")(a, b)
     if a_sparse is not None:
-        from .sparse import matmul as sparse_matmul
-        return sparse_matmul(a_sparse, b)
+        return _sparse("matmul")(a_sparse, b)
     return apply(Op.MATMUL, (a, b))
 
 
 # -- sparse primitives (the pattern rides in attrs; values are a dense 1-D operand) --------------------
-
-def _maybe_sparsify(a: Tensor, b: Tensor):
-    from . import sparse  # sparse imports tensor: bind lazily, once
-    global _maybe_sparsify
-    _maybe_sparsify = sparse.maybe_sparsify_for_matmul
-    return _maybe_sparsify(a, b)
-
 
 def spmm(values: Tensor, x: Tensor, pattern) -> Tensor:
     """``A @ X`` for the sparse matrix (pattern, values): touches only A's nonzeros."""
@@ -1081,9 +1091,17 @@ def segment_max(values: Tensor, pattern) -> Tensor:
 # -- PyTorch's names ------------------------------------------------------------------------------------
 # dim=/keepdim= wherever axis=/keepdims= are taken (see polygrad.torch_names); wrapped here, once,
 # so each op keeps one signature in numpy's names.
-sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax, concat, stack = (  # noqa: A001
-    accept_torch_names(f) for f in (sum, mean, max, min, argmax, argmin, logsumexp, softmax, log_softmax,
-                                    concat, stack))
+sum = accept_torch_names(sum)  # noqa: A001
+mean = accept_torch_names(mean)
+max = accept_torch_names(max)  # noqa: A001
+min = accept_torch_names(min)  # noqa: A001
+argmax = accept_torch_names(argmax)
+argmin = accept_torch_names(argmin)
+logsumexp = accept_torch_names(logsumexp)
+softmax = accept_torch_names(softmax)
+log_softmax = accept_torch_names(log_softmax)
+concat = accept_torch_names(concat)
+stack = accept_torch_names(stack)
 cat = concat
 for _name in ("sum", "mean", "max", "min", "argmax", "argmin", "logsumexp", "softmax", "log_softmax"):
     setattr(Tensor, _name, accept_torch_names(getattr(Tensor, _name), f"Tensor.{_name}"))

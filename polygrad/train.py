@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import polygrad as pg
+from polygrad.capture import Compiled
 from polygrad.errors import NonFiniteError
 
 from .nn.module import Module
 from .optim.optimizer import Optimizer
-from .tensor import Tensor
+from .tensor import Tensor, is_sparse
 
 __all__ = ["fit", "EpochRecord", "History"]
 
@@ -71,7 +72,7 @@ class _Snapshot:
 
 def _copy_tensor(t: Tensor) -> Tensor:
     # a private copy: the snapshot must not change if someone writes into the live storage
-    if getattr(t, "layout", "dense") != "dense":
+    if is_sparse(t):
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
     if t._be.lazy:  # a lazy backend's arrays are immutable values: sharing one is a copy
         return t.detach()
@@ -100,7 +101,7 @@ def _check_loss(loss: Any) -> None:
                         f"{getattr(loss, 'shape', type(loss).__name__)}")
 
 
-def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) -> Callable[[], Any]:
+def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) -> Compiled:
     """zero_grad + loss_fn + backward as one compiled step (``pg.compile``); the optimizer steps
     outside it, after the rollback decision, exactly as in the eager loop."""
     def forward_backward() -> tuple[Tensor, dict[str, Any]]:

@@ -167,6 +167,11 @@ class Value:
 
     data: Any
     grad: Any
+    _a: "Value"  # first parent (unary and binary nodes); unset on leaves
+    _b: "Value"  # second parent (binary nodes)
+    _code: int  # the op code above
+    _arg: Any  # per code: a constant, a parents tuple, (name, derivative), or [op, parents, backward]
+    _mark: Any  # the token of the last topological sort that visited this node
 
     def __init__(self, data: Any, _children: Iterable["Value"] = (), _op: str = "") -> None:
         if data.__class__ is not float and data.__class__ is not int:
@@ -474,7 +479,7 @@ class Value:
         backpropagates several times faster.  With no ``Value`` among ``items`` the result is a
         leaf holding the plain sum.
         """
-        parents = []
+        parents: list[Value] = []
         push = parents.append
         total: Any = 0
         for v in items:

@@ -42,7 +42,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -169,6 +169,7 @@ class _Guarded:
     """
 
     __slots__ = ("_fn",)
+    _fn: Any
 
     def __init__(self, fn: Any) -> None:
         object.__setattr__(self, "_fn", fn)
@@ -222,7 +223,7 @@ def _empty_reconstruct(recon_fn: Any) -> Any:
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
     """The numpy globals numpy's own pickles use, resolved from numpy itself."""
-    recon_fn, _args = np.zeros(1).__reduce__()[:2]
+    recon_fn, _args = cast(tuple, np.zeros(1).__reduce__())[:2]  # an array reduces to a tuple
     scalar_fn = np.float64(0).__reduce__()[0]
     allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray,
                                            ("numpy", "dtype"): np.dtype}

@@ -170,6 +170,7 @@ def _split_counts(num_nodes: int, num_train: int, num_val: int | None,
         num_val = rest // 3  # scaled down: one third val, the rest test
         return num_val, rest - num_val
     if num_val is None:
+        assert num_test is not None  # both None returned above
         num_val = min(_NUM_VAL, max(rest - num_test, 0))
     if num_test is None:
         num_test = min(_NUM_TEST, max(rest - num_val, 0))

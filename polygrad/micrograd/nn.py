@@ -81,9 +81,10 @@ class MLP(Module):
         self.layers = [Layer(sz[i], sz[i + 1], nonlin=i != len(nouts) - 1) for i in range(len(nouts))]
 
     def __call__(self, x: Sequence[Any]) -> "Value | list[Value]":
+        out: Any = x
         for layer in self.layers:
-            x = layer(x)
-        return x
+            out = layer(out)
+        return out
 
     def parameters(self) -> list[Value]:
         return [p for layer in self.layers for p in layer.parameters()]

@@ -95,7 +95,7 @@ class GCNConv(Module):
         """The (normalised, cached) sparse propagation matrix for ``graph`` on ``num_nodes`` nodes."""
         key = (num_nodes, self.weight.backend, self.weight.dtype)
         fingerprint = _fingerprint(graph) if self.cached else None
-        if (self.cached and self._cache is not None and self._cache_key[1] == key
+        if (fingerprint is not None and self._cache is not None and self._cache_key[1] == key
                 and _same_fingerprint(self._cache_key[0], fingerprint)):
             return self._cache
         if is_sparse(graph):

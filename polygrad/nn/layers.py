@@ -88,8 +88,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
-    sparse = getattr(x, "layout", "dense") != "dense"
-    target = x.values if sparse else x
+    target = x.values if pg.is_sparse(x) else x
     if target.dtype.kind != "f":
         raise pg.errors.DTypeError(f"dropout needs a floating tensor, got {target.dtype}")
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
@@ -106,7 +105,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         return np.multiply(keep, scale_value, dtype=dtype)  # 0 or scale, in one pass
 
     mask = fresh(lambda: pg.tensor(draw(), backend=backend), lambda: be.from_numpy(draw()))
-    if not sparse:
+    if not pg.is_sparse(x):
         return x * mask
     return x.with_values(x.values * mask)  # same pattern, dropped values (differentiable)
 

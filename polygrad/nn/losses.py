@@ -32,10 +32,11 @@ def max_margin(scores: Tensor, target: Any, margin: float = 1.0, reduction: str 
     micrograd's moons loss.  ``scores`` of shape ``[N, 1]`` are flattened to match ``[N]`` labels.
     """
     if isinstance(target, Tensor) and target.requires_grad:
-        y = target
-        if scores.shape != y.shape and scores.ndim == 2 and scores.shape[1] == 1 and y.shape == scores.shape[:1]:
-            scores = scores.reshape(y.shape)
-        return _reduce((margin - y * scores).relu(), reduction, "max_margin")
+        labels = target
+        if (scores.shape != labels.shape and scores.ndim == 2 and scores.shape[1] == 1
+                and labels.shape == scores.shape[:1]):
+            scores = scores.reshape(labels.shape)
+        return _reduce((margin - labels * scores).relu(), reduction, "max_margin")
     # constant labels: fold the sign into them on the host, so the graph is mul, add, relu
     # (three ops instead of five: this loss sits in micrograd's hot training loop)
     y = target.numpy() if isinstance(target, Tensor) else np.asarray(target)

@@ -138,7 +138,7 @@ class MessagePassing(Module):
 
     def propagate(self, graph: Any, size: int | None = None, **kwargs: Any) -> Tensor:
         """Run message -> aggregate -> update over ``graph``; ``size`` = node count (default x's rows)."""
-        x = kwargs.get("x")
+        x: Any = kwargs.get("x")  # node features: a Tensor for the built-in message()
         if size is None:
             if not isinstance(x, Tensor):
                 raise ShapeError(f"{type(self).__name__}.propagate: pass x=... or size=N (the node count)")

@@ -8,7 +8,7 @@ from typing import Any
 
 import polygrad as pg
 from polygrad.errors import NonFiniteError
-from polygrad.tensor import Tensor
+from polygrad.tensor import Tensor, is_sparse
 
 __all__ = ["clip_grad_norm_", "grad_norm", "move_tensor"]
 
@@ -26,7 +26,7 @@ def move_tensor(t: Tensor, be: Any) -> Tensor:
         return t
     if not t.is_leaf:
         return t.detach().to(be)
-    if getattr(t, "layout", "dense") != "dense":
+    if is_sparse(t):
         _move_storage(t.values, be)
         t._be = be
         t._grad_view = None
@@ -47,7 +47,7 @@ def _move_storage(t: Tensor, be: Any) -> None:
 
 def _dense_part(g: Tensor) -> Tensor:
     """The numbers a gradient actually holds: a sparse gradient's stored values, a dense one itself."""
-    return g.values if getattr(g, "layout", "dense") != "dense" else g
+    return g.values if is_sparse(g) else g
 
 
 def grad_norm(parameters: "Iterable[Tensor] | Tensor") -> float:

@@ -22,7 +22,7 @@ is a multiplier applied on top of ``group["lr"]``; it composes with these schedu
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ..capture import host_call
 from .optimizer import Optimizer
@@ -157,7 +157,7 @@ class ReduceLROnPlateau:
                                  f"got {len(min_lr)}")
             self.min_lrs = [float(m) for m in min_lr]
         else:
-            self.min_lrs = [float(min_lr)] * n
+            self.min_lrs = [float(cast(float, min_lr))] * n  # not a list or tuple: one number
         self.optimizer = optimizer
         self.mode, self.factor, self.patience = mode, factor, patience
         self.threshold, self.threshold_mode = threshold, threshold_mode

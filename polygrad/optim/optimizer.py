@@ -71,7 +71,7 @@ class Optimizer:
         items = list(params) if not isinstance(params, Tensor) else [params]
         if not items:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        groups = items if all(isinstance(g, Mapping) for g in items) else [{"params": items}]
+        groups: list[Any] = items if all(isinstance(g, Mapping) for g in items) else [{"params": items}]
         seen: set[int] = set()
         for group in groups:
             self.add_param_group(group, _seen=seen)

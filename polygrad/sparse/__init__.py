@@ -36,13 +36,19 @@ from __future__ import annotations
 
 from .layout import (BREAK_EVEN_ATTRIBUTE, BREAK_EVEN_EXPONENT, BREAK_EVEN_F16, BREAK_EVEN_F1433, BREAK_EVEN_MAX,
                      BREAK_EVEN_MIN, DEFAULT_FEATURE_WIDTH, LAYOUTS, break_even_density, choose_layout)
-from .sparse_tensor import (SparseTensor, is_sparse, row_softmax, scale_cols, scale_rows, sparse_sum, to_dense,
-                            transpose)
+from ..tensor import is_sparse, register_sparse_api
+from .sparse_tensor import SparseTensor, row_softmax, scale_cols, scale_rows, sparse_sum, to_dense, transpose
 from .construct import (from_dense_data, from_edge_index, from_scipy, intersect_pattern, sparse_coo, sparse_csr,
                         to_sparse, union_pattern)
 from .ops import add, div, matmul, mul, pow, sub  # noqa: A004
 from .graph import add_self_loops, gcn_norm
 from .autosparse import _matmul_cache, maybe_sparsify_for_matmul
+
+# Tensor's sparse routing (sparse operands of add/mul/matmul/sum/transpose, to_sparse, layout=):
+# the dense module cannot import this package, which imports it, so it is handed these here.
+register_sparse_api(to_sparse=to_sparse, from_dense_data=from_dense_data, sum=sparse_sum, transpose=transpose,
+                    matmul=matmul, add=add, sub=sub, mul=mul, div=div, pow=pow,
+                    maybe_sparsify_for_matmul=maybe_sparsify_for_matmul)
 
 __all__ = [
     "SparseTensor", "sparse_coo", "sparse_csr", "from_edge_index", "from_scipy", "to_sparse", "to_dense",

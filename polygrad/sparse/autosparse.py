@@ -80,7 +80,10 @@ def _cache_entry(a: Tensor) -> _CacheEntry:
                 not sharing.is_shared(data) or _still_matches(entry, a._be.to_numpy(data))):
             return entry
     entry = _CacheEntry(_storage_token(data))
-    ref = weakref.ref(a, lambda _r, k=key: _matmul_cache.pop(k, None))
+    def forget(_ref: Any, k: Any = key) -> None:  # the tensor is gone: so is its entry
+        _matmul_cache.pop(k, None)
+
+    ref = weakref.ref(a, forget)
     _matmul_cache[key] = (ref, entry)
     return entry
 

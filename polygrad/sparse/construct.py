@@ -187,7 +187,7 @@ def sparse_csr(indptr: Any, indices: Any, values: Any, shape: Sequence[int], dty
     _check_index_dtype(op, "indices", cols, m)
     if ptr[0] != 0:
         raise SparseIndexError(f"{op}: indptr[0] must be 0, got {ptr[0]}")
-    steps = np.diff(ptr.astype(np.int64))
+    steps: np.ndarray = np.diff(ptr.astype(np.int64))
     if (steps < 0).any():
         bad = int(np.flatnonzero(steps < 0)[0])
         raise SparseIndexError(f"{op}: indptr must be non-decreasing, but indptr[{bad + 1}] = {ptr[bad + 1]} < "

@@ -81,7 +81,8 @@ def sub(a: Any, b: Any) -> Tensor:
     """a - b = a + (-b) with the same layout rules as :func:`add`."""
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise DTypeError("sub: at least one operand must be a polygrad tensor")
-    return add(a, -b if isinstance(b, (Tensor, Number)) else -np.asarray(b))
+    operand: Any = b if isinstance(b, (Tensor, Number)) else np.asarray(b)
+    return add(a, -operand)
 
 
 def mul(a: Any, b: Any) -> Tensor:
@@ -112,12 +113,13 @@ def div(a: Any, b: Any) -> Tensor:
 def pow(a: Any, b: Any) -> Tensor:  # noqa: A001
     """sparse ** positive scalar -> sparse (0 ** p = 0); any other power is computed densely."""
     if isinstance(a, SparseTensor) and not isinstance(b, SparseTensor):
-        exponent = b
+        exponent: Any = b
         if isinstance(b, Tensor) and b.numel == 1:
             exponent = b.item()
         elif not isinstance(b, Tensor) and np.ndim(b) == 0:
             exponent = float(np.asarray(b))
-        if isinstance(exponent, Number) and exponent > 0:
+        # Number declares no ordering (a complex exponent raises TypeError here, as always)
+        if isinstance(exponent, Number) and exponent > 0:  # type: ignore[operator]
             if isinstance(b, Tensor):
                 return SparseTensor._wrap(a.pattern, a._values ** _dense_operand(b, a, "pow").reshape(()))
             return SparseTensor._wrap(a.pattern, a._values ** b)

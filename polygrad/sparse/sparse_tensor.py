@@ -39,6 +39,9 @@ class SparseTensor(Tensor):
     """
 
     __slots__ = ("pattern", "_values", "_grad_view")
+    pattern: Pattern
+    _values: Tensor  # the nnz stored values: the only part in the autodiff graph
+    _grad_view: "SparseTensor | None"
 
     @classmethod
     def _wrap(cls, pattern: Pattern, values: Tensor) -> "SparseTensor":
@@ -79,7 +82,7 @@ class SparseTensor(Tensor):
         return self._values.dtype
 
     @property
-    def requires_grad(self) -> bool:  # type: ignore[override]
+    def requires_grad(self) -> bool:
         return self._values.requires_grad
 
     @requires_grad.setter
@@ -91,7 +94,7 @@ class SparseTensor(Tensor):
         return self._values._node
 
     @property
-    def grad(self) -> "SparseTensor | None":  # type: ignore[override]
+    def grad(self) -> "SparseTensor | None":
         """The gradient: a SparseTensor with this tensor's pattern (None before backward)."""
         g = self._values.grad
         if g is None:
@@ -109,16 +112,16 @@ class SparseTensor(Tensor):
         elif isinstance(g, SparseTensor) and g.pattern.same_as(self.pattern):
             self._values.grad = g._values
         else:
-            raise ShapeError(f"the grad of sparse {self._describe()} must be None or a sparse tensor with "
+            raise ShapeError(f"the grad of {_describe(self)} must be None or a sparse tensor with "
                              f"the same pattern, got {_describe(g)}")
 
     @property
-    def _data(self):  # type: ignore[override]
-        raise ShapeError(f"a sparse tensor ({self._describe()}) reached a dense-only operation; use "
+    def _data(self):
+        raise ShapeError(f"{_describe(self)} reached a dense-only operation; use "
                          ".to_dense() first, or operate on its .values")
 
-    @property
-    def data(self) -> "SparseTensor":  # type: ignore[override]
+    @property  # type: ignore[override]  # settable property, narrowed to SparseTensor (sparse only takes sparse)
+    def data(self) -> "SparseTensor":
         """A detached view (same pattern, same value storage); assign to replace the values."""
         return self.detach()
 
@@ -126,7 +129,7 @@ class SparseTensor(Tensor):
     def data(self, other) -> None:
         if isinstance(other, SparseTensor):
             if not other.pattern.same_as(self.pattern):
-                raise ShapeError(f"SparseTensor.data: cannot set {other._describe()} on {self._describe()}: "
+                raise ShapeError(f"SparseTensor.data: cannot set {_describe(other)} on {_describe(self)}: "
                                  "patterns differ")
             other = other._values
         self._values.data = other
@@ -167,16 +170,13 @@ class SparseTensor(Tensor):
     def coalesce(self) -> "SparseTensor":
         return self
 
-    def _describe(self) -> str:
-        return f"{self.shape} {self.layout} nnz={self.nnz} {self.dtype} on {self.backend!r}"
-
     # -- conversion ---------------------------------------------------------------------------
     def with_values(self, values) -> "SparseTensor":
         """The same pattern with new values (a tensor of nnz entries; differentiable)."""
         if not isinstance(values, Tensor):
             values = tensor(np.asarray(values), backend=self._be)
         if values.shape != (self.nnz,):
-            raise ShapeError(f"with_values: need {self.nnz} values for {self._describe()}, got shape {values.shape}")
+            raise ShapeError(f"with_values: need {self.nnz} values for {_describe(self)}, got shape {values.shape}")
         if values._be is not self._be:
             raise MixedBackendError(f"with_values: values on {values.backend!r} for a sparse tensor on "
                                     f"{self.backend!r}; move one with .to(name)")
@@ -231,17 +231,17 @@ class SparseTensor(Tensor):
         if grad is None:
             if math.prod(self.shape) != 1:
                 raise GraphError(f"backward() without a gradient needs a single-element output, got "
-                                 f"sparse {self._describe()}; pass grad=")
+                                 f"{_describe(self)}; pass grad=")
             seed = None
         elif isinstance(grad, SparseTensor):
             if not grad.pattern.same_as(self.pattern):
-                raise ShapeError(f"backward(): sparse grad {grad._describe()} must have the pattern of "
-                                 f"{self._describe()}")
+                raise ShapeError(f"backward(): grad {_describe(grad)} must have the pattern of "
+                                 f"{_describe(self)}")
             seed = grad._values
         else:
             seed = _gather_dense(self, grad, "backward")
         if self.nnz == 0:
-            raise GraphError(f"backward() on sparse {self._describe()}: no stored entries, nothing to "
+            raise GraphError(f"backward() on {_describe(self)}: no stored entries, nothing to "
                              "differentiate")
         self._values.backward(seed, retain_graph=retain_graph, create_graph=create_graph)
 
@@ -253,11 +253,11 @@ class SparseTensor(Tensor):
         return self.abs()
 
     def _no_compare(self, other):
-        raise ShapeError(f"comparisons with sparse {self._describe()} are not defined elementwise (the implicit "
+        raise ShapeError(f"comparisons with {_describe(self)} are not defined elementwise (the implicit "
                          "zeros would compare too); compare its .values (same pattern: A.with_values(A.values > 0)) "
                          "or .to_dense()")
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _no_compare  # type: ignore[assignment]
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _no_compare
     __hash__ = Tensor.__hash__
 
     # -- elementwise on the stored values (implicit zeros stay implicit) ------------------------
@@ -293,17 +293,17 @@ class SparseTensor(Tensor):
         return scale_cols(self, d)
 
     # -- movement -------------------------------------------------------------------------------
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> "SparseTensor":  # type: ignore[override]
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> "SparseTensor":
         if dim0 % 2 == dim1 % 2:
             return self
         return transpose(self)
 
     @property
-    def T(self) -> "SparseTensor":  # type: ignore[override]
+    def T(self) -> "SparseTensor":
         return transpose(self)
 
     def __repr__(self) -> str:
-        opts = dict(separator=", ", threshold=12, edgeitems=3)
+        opts: dict[str, Any] = dict(separator=", ", threshold=12, edgeitems=3)
         head = "sparse_tensor("
         pad = " " * len(head)
         idx = np.array2string(self.indices, prefix=head + "indices=", **opts)
@@ -320,14 +320,10 @@ SparseTensor.sum = accept_torch_names(SparseTensor.sum, "SparseTensor.sum")  # t
 SparseTensor.softmax = accept_torch_names(SparseTensor.softmax, "SparseTensor.softmax")  # type: ignore[method-assign]
 
 
-def is_sparse(x: Any) -> bool:
-    """Whether ``x`` is a :class:`SparseTensor`."""
-    return isinstance(x, SparseTensor)
-
-
 def _describe(x: Any) -> str:
+    """An operand as error messages name it: layout, shape, dtype and backend."""
     if isinstance(x, SparseTensor):
-        return f"sparse {x._describe()}"
+        return f"sparse {x.shape} {x.layout} nnz={x.nnz} {x.dtype} on {x.backend!r}"
     if isinstance(x, Tensor):
         return f"dense {x.shape} {x.dtype} on {x.backend!r}"
     return f"{type(x).__name__}"

@@ -21,9 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..dispatch import apply
 from ..errors import DTypeError, IndexOutOfRangeError, PolygradError, ShapeError
 from ..ops import NON_DIFFERENTIABLE, Op
 from ..pattern import Pattern
+from ..tensor import tensor
 
 #: the layouts the catalogue knows how to build cases for
 LAYOUTS = ("dense", "csr", "coo")
@@ -35,7 +37,7 @@ class Case:
     """One valid application of a primitive op.
 
     ``grad[i]`` says whether input ``i`` is differentiated in gradient checks (only floating
-    inputs can be; the default is every floating input of a differentiable op).
+    inputs can be; the default, ``()``, is every floating input of a differentiable op).
     ``float32``: whether a float32 variant (floating inputs cast to float32) is meaningful.
     """
     op: Op
@@ -43,12 +45,12 @@ class Case:
     inputs: tuple[np.ndarray, ...]
     attrs: dict = field(default_factory=dict)
     layout: str = "dense"
-    grad: tuple[bool, ...] | None = None
+    grad: tuple[bool, ...] = ()
     float32: bool = True
 
     def __post_init__(self) -> None:
         self.inputs = tuple(np.asarray(a) for a in self.inputs)
-        if self.grad is None:
+        if not self.grad:  # a case always has inputs: empty means the default
             diff = self.op not in NON_DIFFERENTIABLE
             self.grad = tuple(diff and a.dtype.kind == "f" for a in self.inputs)
 
@@ -69,13 +71,11 @@ class Case:
 
     def tensors(self, backend: Any = None, requires_grad: bool = False) -> tuple:
         """The inputs as polygrad tensors on ``backend`` (``requires_grad`` per ``self.grad``)."""
-        from ..tensor import tensor
         return tuple(tensor(a, backend=backend, requires_grad=requires_grad and g)
                      for a, g in zip(self.inputs, self.grad))
 
     def run(self, backend: Any = None, requires_grad: bool = False):
         """Apply the primitive to the inputs on ``backend`` through dispatch; returns the tensor."""
-        from ..dispatch import apply
         return apply(self.op, self.tensors(backend, requires_grad), self.attrs, self.layout)
 
     def __repr__(self) -> str:

@@ -30,20 +30,22 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .. import reference
+from .. import grad_rules, reference
 from ..autodiff import no_grad, unbroadcast
 from ..backend import Backend
-from ..dispatch import kernel_dtypes
+from ..dispatch import apply, kernel_dtypes
 from ..errors import FallbackWarning, PolygradError
 from ..hookspecs import hookimpl
 from ..inference import infer
 from ..ops import Op, kernel_key
-from ..registry import registry
+from ..registry import list_backends, registry
+from ..tensor import tensor
 from ..value import Value, backward_many
+from .edges import EDGE_CASES, check_edge_points
 from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
 from .grads import _explain, _seed_grad, compare, numerical_grad, vjp_grads
 
@@ -118,7 +120,8 @@ def parse_xfails(text: str, source: str = "<xfail>") -> list[XFail]:
             continue
         if not 4 <= len(fields) <= 5:
             raise ValueError(f"{source}:{lineno}: expected 'backend op layout check [case]  # reason', got {raw!r}")
-        out.append(XFail(*fields, reason=reason.strip()))
+        backend, op, layout, check, *case = fields
+        out.append(XFail(backend, op, layout, check, case[0] if case else "*", reason=reason.strip()))
     return out
 
 
@@ -279,8 +282,6 @@ def check_float32(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES
 
 
 def _primitive(case: Case):
-    from ..dispatch import apply
-
     def fn(*ts):
         return apply(case.op, tuple(ts), case.attrs, case.layout)
     fn.__name__ = case.op.value
@@ -352,8 +353,6 @@ def _compare_grads(case: Case, check: str, got: list, want: list, tols: tuple[fl
 
 def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
     """The backend's fused backward kernel for (op, layout) vs the op's VJP rule on the same backend."""
-    from .. import grad_rules
-    from ..tensor import tensor
     registry.load()
     kernel = registry.vjp_tables.get(backend, {}).get(kernel_key(case.op, case.layout))
     if kernel is None:
@@ -379,7 +378,7 @@ def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANC
     if len(got_arrays) != len(case.inputs):
         raise CheckFailure(f"{label}: fused backward kernel returned {len(got_arrays)} gradients for "
                            f"{len(case.inputs)} inputs")
-    got = []
+    got: list[np.ndarray | None] = []
     for i, (arr, need, t) in enumerate(zip(got_arrays, case.grad, ts)):
         if not need:
             got.append(None)
@@ -395,8 +394,6 @@ def check_fused_vjp(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANC
 
 def check_errors(backend: str, case: BadCase, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
     """Bad input raises ``case.error`` from inference; the kernel is never called, nothing falls back."""
-    from ..dispatch import apply
-    from ..tensor import tensor
     registry.load()
     table = registry.tables.get(backend, {})
     key = kernel_key(case.op, case.layout)
@@ -431,7 +428,7 @@ def check_errors(backend: str, case: BadCase, tol: Tolerances = DEFAULT_TOLERANC
     return 0.0
 
 
-CHECK_FUNCTIONS = {
+CHECK_FUNCTIONS: dict[str, Callable[..., float]] = {
     "forward": check_forward, "float32": check_float32, "grad-numeric": check_grad_numeric,
     "grad-scalar": check_grad_scalar, "fused-vjp": check_fused_vjp, "errors": check_errors,
 }
@@ -597,7 +594,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the edge-point set (gradients at kinks, vs PyTorch): on full runs, not on filtered ones
     edge_failures: list[str] = []
     if not (args.ops or args.layouts or args.checks):
-        from .edges import EDGE_CASES, check_edge_points
         edge_failures = check_edge_points(report.backend)
         for message in edge_failures:
             print(f"FAIL {message}")
@@ -611,7 +607,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _infos():
-    from ..registry import list_backends
     return list_backends()
 
 

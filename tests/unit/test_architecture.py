@@ -74,38 +74,42 @@ def test_the_backend_name_check_catches_what_it_should():
 
 # -- one-way layering ----------------------------------------------------------------------------
 
-# Function-local imports of core modules that remain, each with the reason.  Nothing else may
-# import lazily to dodge a cycle.
-LOCAL_IMPORTS_ALLOWED = {
-    ("tensor", "sparse"): "Tensor's conveniences (to_sparse, sparse matmul/transpose/sum routing) call "
-                          "the sparse API above it; to be turned around when sparse.py becomes a package",
-}
-LAYERS = ["ops", "dispatch", "grad_rules", "autodiff", "tensor"]
+# Function-local imports of core modules that remain, each with the reason.  None is left: the
+# sparse package hands Tensor its routing table (tensor.register_sparse_api) instead.
+LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {}
+LAYERS = ["ops", "dispatch", "grad_rules", "autodiff", "tensor", "sparse"]
 
 
 def _core_imports() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
-    """(top-level imports between the core's modules, function-local ones as (module, line, target))."""
-    modules = {p.stem for p in CORE.glob("*.py")}
+    """(top-level imports between the core's modules, function-local ones as (module, line, target)).
+
+    A subpackage (sparse, nn, optim, ...) is one node: the imports of all its files from ``..``."""
+    packages = {p.name: sorted(p.rglob("*.py")) for p in CORE.iterdir()
+                if p.is_dir() and (p / "__init__.py").exists() and p.name != "backends"}
+    units = {p.stem: [p] for p in CORE.glob("*.py")} | packages
+    modules = set(units)
     top: dict[str, set[str]] = {}
     local: list[tuple[str, int, str]] = []
-    for path in sorted(CORE.glob("*.py")):
+    for unit, paths in sorted(units.items()):
         deps: set[str] = set()
+        for path in paths:
+            level = len(path.relative_to(CORE).parts)  # 1 for polygrad/x.py, 2 for polygrad/pkg/x.py
 
-        def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.ImportFrom) and child.level == 1:
-                    names = [child.module] if child.module else [a.name for a in child.names]
-                    for target in {n.split(".")[0] for n in names} & modules:
-                        if in_function:
-                            local.append((path.stem, child.lineno, target))
-                        elif not type_only:
-                            deps.add(target)
-                guard = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
-                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
-                      type_only or guard)
+            def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.ImportFrom) and child.level == level:
+                        names = [child.module] if child.module else [a.name for a in child.names]
+                        for target in {n.split(".")[0] for n in names} & modules:
+                            if in_function:
+                                local.append((unit, child.lineno, target))
+                            elif not type_only:
+                                deps.add(target)
+                    guard = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+                    visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
+                          type_only or guard)
 
-        visit(ast.parse(path.read_text()), False, False)
-        top[path.stem] = deps
+            visit(ast.parse(path.read_text()), False, False)
+        top[unit] = deps - {unit}
     return top, local
 
 
@@ -125,7 +129,7 @@ def test_core_modules_import_each_other_without_a_cycle():
 
 
 def test_layers_depend_one_way():
-    """ops -> dispatch -> grad_rules -> autodiff -> tensor: no layer reaches one above it."""
+    """ops -> dispatch -> grad_rules -> autodiff -> tensor -> sparse: no layer reaches one above it."""
     top, _ = _core_imports()
     for i, layer in enumerate(LAYERS):
         above = set(LAYERS[i + 1:])
@@ -138,6 +142,28 @@ def test_no_function_local_import_dodges_a_cycle():
     extra = [f"polygrad/{mod}.py:{line} imports .{target} inside a function"
              for mod, line, target in local if (mod, target) not in LOCAL_IMPORTS_ALLOWED]
     assert extra == [], "\n".join(extra)
+    assert LOCAL_IMPORTS_ALLOWED == {}
+
+
+def test_no_core_module_imports_the_core_inside_a_function():
+    """Every module of polygrad/, subpackages included (sparse, nn, optim, ...): relative imports
+    sit at the top (or under TYPE_CHECKING), never inside a function."""
+    found = []
+    for path in _core_files():
+        for func in ast.walk(ast.parse(path.read_text())):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{path.relative_to(CORE)}:{node.lineno}" for node in ast.walk(func)
+                          if isinstance(node, ast.ImportFrom) and node.level >= 1]
+    assert found == [], found
+
+
+def test_one_is_sparse_and_one_describe():
+    """One definition each (the sparse package had its own copies)."""
+    defs = [f"{path.relative_to(CORE)}:{node.name}" for path in _core_files()
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name.lstrip("_") in ("is_sparse", "describe")]
+    assert sorted(defs) == ["sparse/sparse_tensor.py:_describe", "tensor.py:is_sparse"], defs
 
 
 # -- adding a primitive op: every place it must be defined ----------------------------------------
@@ -145,8 +171,8 @@ def test_no_function_local_import_dodges_a_cycle():
 # The places, in the order a contributor fills them (six files; a floating unary op needs no
 # entry in inference.py or reference.py: both derive it from the op's group and its name).
 OP_PLACES = """\
-polygrad/ops.py           the Op member, and its group (UNARY, FLOAT_UNARY, BINARY, ...)
-polygrad/grad_rules.py    its VJP rule in RULES (or the op is in ops.NON_DIFFERENTIABLE)
+polygrad/ops.py           the Op member, declared with its groups: NAME = "name", "unary", ...
+polygrad/grad_rules.py    its VJP rule, the function _<name>_rule (or the op's groups say "no_grad")
 polygrad/value.py         a floating unary op: its Value method, added with value.unary(...)
                           (scalar_math.<name> when plain floats need IEEE results)
 backends/array_kernels.py its kernel in make_kernels (every numpy/cupy kernel, once)
@@ -178,7 +204,7 @@ def missing_places(op) -> list[str]:
     if op not in inference._RULES:
         missing.append("polygrad/inference.py: no shape/dtype rule in _RULES")
     if op not in grad_rules.RULES and op not in NON_DIFFERENTIABLE:
-        missing.append("polygrad/grad_rules.py: no VJP rule in RULES (and not in ops.NON_DIFFERENTIABLE)")
+        missing.append(f"polygrad/grad_rules.py: no VJP rule _{name}_rule (and the op is not \"no_grad\")")
     if (op not in reference._UNARY and op not in reference._BINARY
             and f"Op.{op.name}" not in inspect.getsource(reference.run)):
         missing.append("polygrad/reference.py: no scalar reference in run()")
@@ -219,6 +245,20 @@ def test_the_op_checker_names_each_missing_place(monkeypatch):
     places = missing_places(Op.TANH)
     for file in ("grad_rules.py", "inference.py", "reference.py", "scalar_math.py"):
         assert any(file in p for p in places), (file, places)
+
+
+def test_an_op_is_declared_once_in_ops_py_and_once_in_grad_rules_py():
+    """The groups derive from each member's declaration; RULES from the rules' names."""
+    from polygrad import grad_rules, ops
+    from polygrad.ops import Op
+
+    assert Op.EXP in ops.UNARY and Op.EXP in ops.FLOAT_UNARY and Op.EXP not in ops.BINARY
+    assert ops.NON_DIFFERENTIABLE == ops.COMPARE | {Op.SEGMENT_MAX}
+    assert Op("segment_max").groups == {"sparse", "no_grad"} and str(Op.MATMUL) == "matmul"
+    assert grad_rules.RULES[Op.TANH] is grad_rules._tanh_rule
+    assert set(grad_rules.RULES) == set(Op) - ops.NON_DIFFERENTIABLE
+    source = (CORE / "grad_rules.py").read_text()
+    assert "_tanh_rule" in source and source.count("Op.TANH") <= 1  # named once, not listed again
 
 
 def test_a_new_floating_unary_op_needs_one_place_in_value_py():
