@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from . import graph
 from .dispatch import apply
 from .errors import GraphError
 from .ops import Op
@@ -97,9 +98,10 @@ def _log_rule(node, out, g):
 
 
 def _relu_rule(node, out, g):
-    # 0 where x <= 0 (relu'(0) = 0), g elsewhere -- NaN included, as PyTorch's threshold_backward
-    x = node.inputs[0]
-    return (apply(Op.WHERE, (apply(Op.LE, (x, _const(x, 0))), _const(g, 0), g)),)
+    # 0 where x <= 0 (relu'(0) = 0), g elsewhere -- NaN included, as PyTorch's threshold_backward.
+    # Read from the output (out <= 0 exactly where x <= 0; NaN stays NaN): the output is kept by
+    # whatever consumes it anyway, so the input need not be (graph.saved_inputs)
+    return (apply(Op.WHERE, (apply(Op.LE, (out, _const(out, 0))), _const(g, 0), g)),)
 
 
 def _tanh_rule(node, out, g):
@@ -228,8 +230,9 @@ def _concat_rule(node, out, g):
 def _matmul_rule(node, out, g):
     a, b = node.inputs
     na, nb = _needs(node)
-    a2 = a if a.ndim > 1 else _reshape(a, (1, a.shape[0]))
-    b2 = b if b.ndim > 1 else _reshape(b, (b.shape[0], 1))
+    # an operand is only read for the other's gradient (it may be a data-less stand-in otherwise)
+    a2 = None if not nb else a if a.ndim > 1 else _reshape(a, (1, a.shape[0]))
+    b2 = None if not na else b if b.ndim > 1 else _reshape(b, (b.shape[0], 1))
     g2 = g
     if a.ndim == 1:  # put back the row axis a vector operand lost
         g2 = _reshape(g2, g2.shape[:-1] + (1,) + g2.shape[-1:] if b.ndim > 1 else g2.shape + (1,))
@@ -296,6 +299,31 @@ RULES: dict[Op, Rule] = {
     Op.INDEX_ADD: _index_add_rule, Op.CONCAT: _concat_rule, Op.MATMUL: _matmul_rule,
     Op.SPMM: _spmm_rule, Op.SDDMM: _sddmm_rule, Op.SEGMENT_SUM: _segment_sum_rule,
 }
+
+
+def _data_needed(op: Op, needs: tuple) -> tuple | None:
+    """Which inputs' data the rule for ``op`` reads, given which inputs need a gradient (None:
+    all).  Inputs not read are kept by the graph as data-less stand-ins (graph.saved_inputs)."""
+    if op in _SHAPE_ONLY:
+        return (False,) * len(needs)
+    if op in (Op.MUL, Op.MATMUL):  # each operand is read for the other's gradient
+        return (needs[1], needs[0])
+    if op is Op.SPMM:  # values for dX = A^T dY, x for dA = dY x^T (fused kernels included)
+        return (needs[1], needs[0])
+    if op is Op.SDDMM:
+        return (needs[1], needs[0])
+    if op is Op.WHERE:
+        return (True, False, False)
+    return None
+
+
+#: ops whose rule reads no input data at all (only shapes, dtypes and attrs, or the output)
+_SHAPE_ONLY = frozenset({Op.NEG, Op.EXP, Op.RELU, Op.TANH, Op.RECIPROCAL, Op.CAST, Op.ADD, Op.SUM,
+                         Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.GETITEM, Op.INDEX_ADD, Op.CONCAT,
+                         Op.SEGMENT_SUM})
+
+graph.data_needed = _data_needed
+graph.reads_output = frozenset({Op.EXP, Op.RELU, Op.TANH, Op.RECIPROCAL, Op.POW, Op.MAX})
 
 
 def vjp(node, out: "Tensor", g: "Tensor") -> tuple:
