@@ -82,6 +82,36 @@ def compiled_spmm_vjp(sddmm):
     return spmm_vjp
 
 
+#: below this many elements np.where's branches are cheap enough (and its call overhead lower)
+BRANCH_FREE_WHERE_MIN = 1 << 16
+
+
+def branch_free_where(cond, a, b):
+    """``np.where(cond, a, b)``, bit for bit, without a branch per element.
+
+    np.where picks each element with a branch, which mispredicts on a random condition -- ReLU's
+    backward after dropout, ``where(out <= 0, 0, g)``, measured 4x slower than a multiply at
+    300k x 64.  Selecting bits with a mask (all ones where ``cond`` is False) is branch-free and
+    exact for any dtype of 4 or 8 bytes (NaN, -0.0 and infinities pass through untouched).
+    Other cases, and small arrays, go to np.where.
+    """
+    dt = a.dtype
+    if (cond.dtype != np.bool_ or b.dtype != dt or dt.itemsize not in (4, 8) or dt.kind not in "fiu"
+            or max(cond.size, a.size, b.size) < BRANCH_FREE_WHERE_MIN):
+        return np.where(cond, a, b)
+    shape = np.broadcast_shapes(cond.shape, a.shape, b.shape)
+    ints = np.dtype(f"i{dt.itemsize}")
+    take_b = np.array(cond, dtype=ints)
+    take_b -= 1  # 0 where cond (take a), all bits set elsewhere (take b)
+    bits_a, bits_b = a.view(ints), b.view(ints)
+    if a.ndim == 0 and not bits_a and take_b.shape == shape:  # where(cond, 0, b): one pass, in place
+        return np.bitwise_and(take_b, bits_b, out=take_b).view(dt)
+    picked_b = np.bitwise_and(take_b, bits_b)
+    np.invert(take_b, out=take_b)
+    out = np.bitwise_or(picked_b, np.bitwise_and(take_b, bits_a))
+    return np.broadcast_to(out, shape).copy().view(dt) if out.shape != shape else out.view(dt)
+
+
 class NumpyBackend(pg.Backend):
     name = "numpy"
     description = "vectorised CPU kernels on numpy arrays; scipy's compiled CSR SpMM"
@@ -93,6 +123,7 @@ class NumpyBackend(pg.Backend):
         self.kernels = make_kernels(np)
         self.kernels[(Op.SPMM, "csr")] = compiled_spmm(self.kernels[(Op.SPMM, "csr")])
         self.vjp_kernels[(Op.SPMM, "csr")] = compiled_spmm_vjp(self.kernels[(Op.SDDMM, "csr")])
+        self.kernels[(Op.WHERE, "dense")] = branch_free_where
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array

@@ -16,10 +16,13 @@ import numpy as np
 
 from . import grad_rules
 from .config import config
-from .dispatch import KernelFault, _grad_enabled, _recording, registry, report_fallback, scalar_cost, scalar_decompose
+from .dispatch import (
+    KernelFault, _grad_enabled, _recording, registry, report_fallback, run_kernel, scalar_cost, scalar_decompose,
+)
 from .errors import DTypeError, GraphError, PolygradError, ShapeError
-from .graph import Node, TensorBase, toposort
-from .ops import kernel_key
+from . import graph
+from .graph import Node, TensorBase, graph_key, stand_in, toposort
+from .ops import Op, kernel_key
 from .value import Value
 from .value import _run as value_run
 from .value import _toposort as value_toposort
@@ -122,7 +125,8 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
     be = node.backend
     needs = tuple(t.requires_grad for t in node.inputs)
     try:
-        arrays = tuple(kernel(g._data, *[t._data for t in node.inputs], needs=needs, **node.attrs))
+        arrays = tuple(kernel(g._data, *[_data_or_stand_in(t) for t in node.inputs], needs=needs,
+                              **node.attrs))
         if len(arrays) != len(node.inputs):
             raise KernelFault(f"fused backward of '{node.op}' on backend {be.name!r} returned "
                               f"{len(arrays)} gradients for {len(node.inputs)} inputs")
@@ -151,11 +155,25 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
     return _fused_fallback(node, out, g, fault, report_fallback)
 
 
+def _data_or_stand_in(t: "Tensor"):
+    """An input's array for a fused backward kernel.  An input the graph keeps without its data
+    (``graph.saved_inputs``: the gradients needed never read it) is passed as zeros of its shape
+    and dtype broadcast from one element -- the backend's own EXPAND, so no memory -- which a
+    correct kernel, honouring ``needs``, never reads."""
+    if t._data is not None:
+        return t._data
+    be = t._be
+    zero = be.from_numpy(np.zeros((), t.dtype))
+    return run_kernel(be, Op.EXPAND, "dense", [zero], {"shape": t.shape}, t.shape, t.dtype)
+
+
 def _fused_fallback(node, out: "Tensor", g: "Tensor", exc: Exception, report) -> tuple | None:
     """Gradients by scalar decomposition after a fused backward kernel failed (None: use the rule)."""
     if config.fallback == "raise":
         raise exc
     report(node.op, node.backend, node.layout, exc)
+    if any(t._data is None for t in node.inputs):
+        return None  # an input kept without its data cannot be decomposed: the rule does not read it
     if scalar_cost(node.op, tuple(t.shape for t in node.inputs), node.attrs,
                    out.shape) > config.scalar_fallback_max_elements:
         return None
@@ -171,9 +189,11 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
     # pg.grad: run only the part of the graph between the roots and the requested inputs, so the
     # rest is neither computed nor freed (a later backward through it must still work)
     wanted = None if capture is None else _depends_on(order, capture)
+    # keyed by graph_key: a tensor and the data-less stand-ins of it that nodes keep are one vertex
     grads: dict[int, "Tensor"] = {}
     for r, s in zip(roots, seeds):
-        grads[id(r)] = grads[id(r)] + s if id(r) in grads else s
+        key = graph_key(r)
+        grads[key] = grads[key] + s if key in grads else s
     produced: list[tuple[TensorBase, TensorBase]] = []
     started = time.perf_counter()
     with _grad_mode(create_graph):
@@ -181,16 +201,23 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
         for r in roots:
             if r._node is None and id(r) in grads:
                 _deliver(r, grads.pop(id(r)), capture, produced)
-        for t in reversed(order):
-            g = grads.pop(id(t), None)
+        num_nodes = len(order)
+        while order:
+            # popped, not iterated: once its node has run (and is freed) a tensor is released, so
+            # the forward's intermediates are freed one by one during backward, not after it
+            t = order.pop()
+            key = graph_key(t)
+            g = grads.pop(key, None)
             node = cast(Node, t._node)  # toposort orders only tensors that have a node
             if g is None:
                 continue
             if capture is not None:
-                if id(t) in capture:
-                    capture[id(t)] = g if capture[id(t)] is None else capture[id(t)] + g
-                if wanted is not None and id(t) not in wanted:
+                if key in capture:
+                    capture[key] = g if capture[key] is None else capture[key] + g
+                if wanted is not None and key not in wanted:
                     continue  # nothing below this tensor was asked for
+            if node.op not in graph.reads_output:
+                t = stand_in(t)  # its VJP never reads it: the array goes as soon as nothing else holds it
             inputs = node.inputs
             if inputs is None:
                 raise GraphError(
@@ -204,24 +231,30 @@ def _run(roots: Sequence["Tensor"], seeds: Sequence["Tensor"], retain_graph: boo
                                      "same graph; pass retain_graph=True to backpropagate it from "
                                      "several threads") from None
                 raise
-            for inp, ig in zip(inputs, in_grads):
-                if ig is None or not inp.requires_grad:
-                    continue
-                if ig.shape != inp.shape:
-                    ig = unbroadcast(ig, inp.shape)
-                if inp._node is None:
-                    _deliver(inp, ig, capture, produced)
-                else:
-                    key = id(inp)
-                    grads[key] = grads[key] + ig if key in grads else ig
+            _pass_down(inputs, in_grads, grads, capture, produced)
             if not retain_graph:
                 node.free()
+            del t, g, inputs, in_grads  # hold nothing into the next node's VJP
     rec = _recording.get()
     if rec is not None:  # pg.compile: a replay re-fires this event with the replayed gradients
-        rec.backward_finished(len(order), produced)
+        rec.backward_finished(num_nodes, produced)
     ev = registry.events["polygrad_backward_finished"]
     if ev is not None:
-        ev(num_nodes=len(order), seconds=time.perf_counter() - started, grads=produced)
+        ev(num_nodes=num_nodes, seconds=time.perf_counter() - started, grads=produced)
+
+
+def _pass_down(inputs: tuple, in_grads: tuple, grads: dict, capture, produced: list) -> None:
+    """Deliver a node's input gradients to leaves, or add them up (by graph_key) for the nodes below."""
+    for inp, ig in zip(inputs, in_grads):
+        if ig is None or not inp.requires_grad:
+            continue
+        if ig.shape != inp.shape:
+            ig = unbroadcast(ig, inp.shape)
+        if inp._node is None:
+            _deliver(inp, ig, capture, produced)
+        else:
+            key = id(inp._node)
+            grads[key] = grads[key] + ig if key in grads else ig
 
 
 def _node_vjp(node, t: "Tensor", g: "Tensor", create_graph: bool, vjp_tables: dict) -> tuple:
@@ -248,8 +281,9 @@ def _depends_on(order: list, capture: dict) -> set[int]:
     for t in order:
         inputs = t._node.inputs or ()
         for inp in inputs:
-            if id(inp) in capture or id(inp) in wanted:
-                wanted.add(id(t))
+            key = graph_key(inp)
+            if key in capture or key in wanted:
+                wanted.add(graph_key(t))
                 break
     return wanted
 
@@ -258,7 +292,7 @@ def _deliver(leaf: "Tensor", g: "Tensor", capture, produced: list) -> None:
     if g.dtype != leaf.dtype:
         g = g.cast(leaf.dtype)
     if capture is not None:
-        if id(leaf) in capture:
+        if id(leaf) in capture:  # a leaf's graph_key is its id
             capture[id(leaf)] = g if capture[id(leaf)] is None else capture[id(leaf)] + g
         return
     with _accumulate_lock:
@@ -315,13 +349,13 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
     for i in ins:
         if not i.requires_grad:
             raise GraphError(f"pg.grad(): input of shape {i.shape} does not require grad")
-    capture: dict[int, "Tensor | None"] = {id(i): None for i in ins}
+    capture: dict[int, "Tensor | None"] = {graph_key(i): None for i in ins}
     if retain_graph is None:
         retain_graph = create_graph
     _run(outs, [_seed(o, g) for o, g in zip(outs, grad_outputs)], retain_graph, create_graph, capture)
     result = []
     for i in ins:
-        g = capture[id(i)]
+        g = capture[graph_key(i)]
         if g is None and not allow_unused:
             raise GraphError(f"pg.grad(): an input of shape {i.shape} is not used in the graph of the "
                              "outputs (pass allow_unused=True to get None for it)")

@@ -30,7 +30,7 @@ from .config import config
 from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from .events import hook_failures
-from .graph import Node
+from .graph import Node, saved_inputs
 from .inference import _RULES as _infer_rules
 from .ops import NON_DIFFERENTIABLE, Op, kernel_key
 from .registry import registry
@@ -172,10 +172,12 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         if config.validate:
             validate_against_reference(op, inputs, attrs, layout, out)
     result = first._new(out, be, shape, dtype)
+    rec = _recording.get()
     if needs_grad and dtype.kind == "f" and op not in NON_DIFFERENTIABLE and _grad_enabled.get():
         result.requires_grad = True
-        result._node = Node(op, inputs, attrs, layout, be, scalar)
-    rec = _recording.get()
+        # a capture (pg.compile) replays the step from the tensors themselves: keep them whole
+        result._node = Node(op, inputs if rec is not None else saved_inputs(op, inputs), attrs, layout,
+                            be, scalar)
     if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
         rec.kernel(op, layout, be, inputs, attrs, result)
     ev = _events["polygrad_op_executed"]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from . import graph
 from .dispatch import apply
 from .errors import GraphError
 from .ops import Op
@@ -84,10 +85,25 @@ def _swap_last(x):
     return apply(Op.PERMUTE, (x,), {"perm": tuple(perm)})
 
 
+def reads(inputs: str | tuple[bool, ...] = "all", output: bool = False) -> Callable[[Rule], Rule]:
+    """Declare, beside a rule, which data it reads: ``inputs`` is "all", "none" (shapes, dtypes
+    and attrs only), "cross" (each of two operands only for the other's gradient) or one flag per
+    input; ``output`` whether it reads the op's result.  The graph keeps the inputs (and outputs)
+    no rule reads as data-less stand-ins (graph.saved_inputs), which is what keeps a training
+    step's memory near the size of what backward really needs."""
+    def mark(rule: Rule) -> Rule:
+        rule.reads_inputs = inputs  # type: ignore[attr-defined]
+        rule.reads_output = output  # type: ignore[attr-defined]
+        return rule
+    return mark
+
+
+@reads(inputs="none")
 def _neg_rule(node, out, g):
     return (_neg(g),)
 
 
+@reads(inputs="none", output=True)
 def _exp_rule(node, out, g):
     return (_mul(g, out),)
 
@@ -96,29 +112,36 @@ def _log_rule(node, out, g):
     return (_mul(g, apply(Op.RECIPROCAL, (node.inputs[0],))),)
 
 
+@reads(inputs="none", output=True)
 def _relu_rule(node, out, g):
-    # 0 where x <= 0 (relu'(0) = 0), g elsewhere -- NaN included, as PyTorch's threshold_backward
-    x = node.inputs[0]
-    return (apply(Op.WHERE, (apply(Op.LE, (x, _const(x, 0))), _const(g, 0), g)),)
+    # 0 where x <= 0 (relu'(0) = 0), g elsewhere -- NaN included, as PyTorch's threshold_backward.
+    # Read from the output (out <= 0 exactly where x <= 0; NaN stays NaN): the output is kept by
+    # whatever consumes it anyway, so the input need not be (graph.saved_inputs)
+    return (apply(Op.WHERE, (apply(Op.LE, (out, _const(out, 0))), _const(g, 0), g)),)
 
 
+@reads(inputs="none", output=True)
 def _tanh_rule(node, out, g):
     return (_mul(g, _one_minus(_mul(out, out))),)
 
 
+@reads(inputs="none", output=True)
 def _reciprocal_rule(node, out, g):
     return (_mul(_mul(_neg(g), out), out),)
 
 
+@reads(inputs="none")
 def _cast_rule(node, out, g):
     x = node.inputs[0]
     return (_cast(g, x.dtype) if x.dtype.kind == "f" else None,)
 
 
+@reads(inputs="none")
 def _add_rule(node, out, g):
     return (g, g)
 
 
+@reads(inputs="cross")
 def _mul_rule(node, out, g):
     a, b = node.inputs
     if a is b:  # x * x: one gradient, no accumulation of two halves
@@ -127,6 +150,7 @@ def _mul_rule(node, out, g):
     return (_mul(g, b) if na else None, _mul(g, a) if nb else None)
 
 
+@reads(output=True)
 def _pow_rule(node, out, g):
     # PyTorch's edge conventions: d/da is 0 where b == 0 (x ** 0 is the constant 1, even at
     # a == 0 where b * a ** (b - 1) would be 0 * inf); d/db is 0 where a == 0 and b >= 0 (the
@@ -155,6 +179,7 @@ def _maximum_rule(node, out, g):
     return (ga, gb)
 
 
+@reads(inputs=(True, False, False))
 def _where_rule(node, out, g):
     cond = node.inputs[0]
     _, na, nb = _needs(node)
@@ -171,6 +196,7 @@ def _keepdims(g, node):
     return _reshape(g, tuple(1 if i in node.attrs["axes"] else n for i, n in enumerate(x.shape)))
 
 
+@reads(inputs="none")
 def _sum_rule(node, out, g):
     shape = node.inputs[0].shape
     axes = node.attrs["axes"]
@@ -179,6 +205,7 @@ def _sum_rule(node, out, g):
     return (g if g.shape == shape else apply(Op.EXPAND, (g,), {"shape": shape}),)
 
 
+@reads(output=True)
 def _max_rule(node, out, g):
     x = node.inputs[0]
     o = _keepdims(out, node)
@@ -190,10 +217,12 @@ def _max_rule(node, out, g):
     return (_mul(_mul(_keepdims(g, node), mask), apply(Op.RECIPROCAL, (count,))),)
 
 
+@reads(inputs="none")
 def _reshape_rule(node, out, g):
     return (_reshape(g, node.inputs[0].shape),)
 
 
+@reads(inputs="none")
 def _permute_rule(node, out, g):
     perm = node.attrs["perm"]
     inverse = [0] * len(perm)
@@ -202,19 +231,23 @@ def _permute_rule(node, out, g):
     return (apply(Op.PERMUTE, (g,), {"perm": tuple(inverse)}),)
 
 
+@reads(inputs="none")
 def _expand_rule(node, out, g):
     return (g,)  # autodiff's unbroadcast sums the expanded axes
 
 
+@reads(inputs="none")
 def _getitem_rule(node, out, g):
     x = node.inputs[0]  # the index was normalised against x.shape when the forward was recorded
     return (apply(Op.INDEX_ADD, (g,), {"index": node.attrs["index"], "shape": x.shape}),)
 
 
+@reads(inputs="none")
 def _index_add_rule(node, out, g):
     return (_take(g, node.attrs["index"]),)
 
 
+@reads(inputs="none")
 def _concat_rule(node, out, g):
     axis = node.attrs["axis"]
     grads, start = [], 0
@@ -225,11 +258,13 @@ def _concat_rule(node, out, g):
     return tuple(grads)
 
 
+@reads(inputs="cross")
 def _matmul_rule(node, out, g):
     a, b = node.inputs
     na, nb = _needs(node)
-    a2 = a if a.ndim > 1 else _reshape(a, (1, a.shape[0]))
-    b2 = b if b.ndim > 1 else _reshape(b, (b.shape[0], 1))
+    # an operand is only read for the other's gradient (it may be a data-less stand-in otherwise)
+    a2 = None if not nb else a if a.ndim > 1 else _reshape(a, (1, a.shape[0]))
+    b2 = None if not na else b if b.ndim > 1 else _reshape(b, (b.shape[0], 1))
     g2 = g
     if a.ndim == 1:  # put back the row axis a vector operand lost
         g2 = _reshape(g2, g2.shape[:-1] + (1,) + g2.shape[-1:] if b.ndim > 1 else g2.shape + (1,))
@@ -255,6 +290,7 @@ def _sddmm_op(p, q, pattern):
     return apply(Op.SDDMM, (p, q), {"pattern": pattern}, pattern.layout)
 
 
+@reads(inputs="cross")
 def _spmm_rule(node, out, g):
     values, x = node.inputs
     nv, nx = _needs(node)
@@ -271,6 +307,7 @@ def _spmm_rule(node, out, g):
     return (dvalues, dx)
 
 
+@reads(inputs="cross")
 def _sddmm_rule(node, out, g):
     p, q = node.inputs
     npp, nq = _needs(node)
@@ -283,6 +320,7 @@ def _sddmm_rule(node, out, g):
     return (dp, dq)
 
 
+@reads(inputs="none")
 def _segment_sum_rule(node, out, g):
     return (_take(g, (node.attrs["pattern"].rows,)),)
 
@@ -293,6 +331,23 @@ RULES: dict[Op, Rule] = {op: globals()[f"_{op.value}_rule"] for op in Op if f"_{
 _unmatched = sorted(name for name in globals() if name.startswith("_") and name.endswith("_rule")
                     and name[1:-len("_rule")] not in {op.value for op in Op})
 assert not _unmatched, f"gradient rules named for no op: {_unmatched}"
+
+
+def _data_needed(op: Op, needs: tuple) -> tuple | None:
+    """Which inputs' data the rule for ``op`` reads, given which inputs need a gradient (None:
+    all), from its :func:`reads` declaration."""
+    inputs = getattr(RULES.get(op), "reads_inputs", "all")
+    if inputs == "all":
+        return None
+    if inputs == "none":
+        return (False,) * len(needs)
+    if inputs == "cross":  # each operand is read for the other's gradient (fused kernels too)
+        return (needs[1], needs[0])
+    return tuple(inputs)
+
+
+graph.data_needed = _data_needed
+graph.reads_output = frozenset(op for op, rule in RULES.items() if getattr(rule, "reads_output", False))
 
 
 def vjp(node, out: "Tensor", g: "Tensor") -> tuple:

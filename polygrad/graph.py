@@ -5,7 +5,7 @@ so the graph has no reference cycles: dropping the last tensor frees it by refer
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -59,6 +59,52 @@ class Node:
         self.inputs = None
         self.scalar = None
 
+
+#: ``(op, needs) -> which inputs' data the op's gradient reads`` (None: all of them), and the ops
+#: whose gradient reads their own output: set by ``polygrad.grad_rules``, which owns the rules.
+#: Until it is imported every input is kept whole.
+data_needed: "Callable[[Op, tuple[bool, ...]], tuple[bool, ...] | None] | None" = None
+reads_output: "frozenset[Op]" = frozenset()
+
+
+def graph_key(t: Any) -> int:
+    """The identity autodiff knows a tensor by: its node when it has one, so a tensor and its
+    data-less stand-in (:func:`saved_inputs`) are one vertex of the graph."""
+    node = t._node
+    return id(node) if node is not None else id(t)
+
+
+def saved_inputs(op: Op, inputs: tuple) -> tuple:
+    """The inputs a new node keeps: each one whose data its gradient will never read is replaced
+    by a data-less stand-in (same node, shape, dtype, backend), so the intermediate's array is
+    freed as soon as the forward pass no longer uses it -- a GCN's ``x @ W``, ``A @ xW`` and
+    pre-ReLU activations (256 MB each at 1M x 64 float32) no longer wait for backward.
+
+    Only results of recorded ops (non-leaves) are replaced: a leaf is the user's, and its
+    ``.grad`` is delivered to that very object.  An input whose own gradient reads its output
+    (relu, exp, tanh...) is kept whole."""
+    needed = data_needed(op, tuple(t.requires_grad for t in inputs)) if data_needed else None
+    if needed is None:
+        return inputs
+    kept = []
+    for t, need in zip(inputs, needed):
+        node = t._node
+        if need or node is None or node.op in reads_output or t._data is None:
+            kept.append(t)
+            continue
+        kept.append(stand_in(t))
+    return tuple(kept)
+
+
+def stand_in(t: Any) -> Any:
+    """A data-less tensor standing for the recorded result ``t`` in the graph (same node, so the
+    same :func:`graph_key`; same shape, dtype, backend and name)."""
+    s = t._new(None, t._be, t.shape, t.dtype)
+    s.requires_grad = True
+    s._node = t._node
+    s.name = t.name
+    return s
+
     def __repr__(self) -> str:
         return f"Node({self.op}, layout={self.layout!r}, freed={self.inputs is None})"
 
@@ -71,16 +117,17 @@ def toposort(roots: "list[Tensor]") -> "list[Tensor]":
     to leaves needing gradients.
     """
     order: list = []
-    seen: set[int] = set()
+    seen: set[int] = set()  # graph_key: a tensor and its data-less stand-in are visited once
     stack: list = [(r, False) for r in reversed(roots)]
     while stack:
         t, expanded = stack.pop()
         if expanded:
             order.append(t)
             continue
-        if id(t) in seen:
+        key = graph_key(t)
+        if key in seen:
             continue
-        seen.add(id(t))
+        seen.add(key)
         node = t._node
         if node is None:
             continue
@@ -89,6 +136,6 @@ def toposort(roots: "list[Tensor]") -> "list[Tensor]":
         if inputs is None:
             continue  # freed: autodiff reports it when it reaches this tensor
         for inp in reversed(inputs):
-            if inp.requires_grad and inp._node is not None and id(inp) not in seen:
+            if inp.requires_grad and inp._node is not None and id(inp._node) not in seen:
                 stack.append((inp, False))
     return order
