@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from benchmarks._harness import optional_import, skipped_row
+from benchmarks.tensor_step import moons_mlp_loss
 
 TARGET_COMPILED_OVER_TORCH = 0.5
 SIZES = [2, 16, 16, 1]
@@ -44,12 +45,7 @@ def _polygrad_step(X: np.ndarray, y: np.ndarray, init: list[np.ndarray], compile
 
     def step():
         opt.zero_grad()
-        h = Xt
-        for i in range(3):
-            h = h @ params[2 * i] + params[2 * i + 1]
-            if i < 2:
-                h = h.relu()
-        loss = (1 - yt * h).relu().mean() + 1e-4 * sum((p * p).sum() for p in params)
+        loss = moons_mlp_loss(Xt, yt, params)
         loss.backward()
         opt.step()
         return loss
@@ -65,12 +61,7 @@ def _torch_step(torch: Any, X: np.ndarray, y: np.ndarray, init: list[np.ndarray]
 
     def step():
         opt.zero_grad()
-        h = Xt
-        for i in range(3):
-            h = h @ params[2 * i] + params[2 * i + 1]
-            if i < 2:
-                h = h.relu()
-        loss = (1 - yt * h).relu().mean() + 1e-4 * sum((p * p).sum() for p in params)
+        loss = moons_mlp_loss(Xt, yt, params)
         loss.backward()
         opt.step()
         sched.step()

@@ -14,6 +14,17 @@ from polygrad.data import make_moons
 TARGET_STEP_MS = 1.0
 
 
+def moons_mlp_loss(Xt, yt, params):
+    """micrograd's moons loss: the 2-16-16-1 MLP, max-margin hinge and the 1e-4 L2 term, written
+    once for the polygrad steps and the PyTorch baseline (the same operators work on both)."""
+    h = Xt
+    for i in range(3):
+        h = h @ params[2 * i] + params[2 * i + 1]
+        if i < 2:
+            h = h.relu()
+    return (1 - yt * h).relu().mean() + 1e-4 * sum((p * p).sum() for p in params)
+
+
 def _cpu_best(fn, repeat: int, inner: int) -> float:
     """Best (least disturbed) CPU seconds per call: the machines are shared and noisy."""
     best = float("inf")
@@ -39,12 +50,7 @@ def moons_tensor_step(quick: bool) -> dict:
     k = [0]
 
     def step():
-        h = Xt
-        for i in range(3):
-            h = h @ params[2 * i] + params[2 * i + 1]
-            if i < 2:
-                h = h.relu()
-        loss = (1 - yt * h).relu().mean() + 1e-4 * sum((p * p).sum() for p in params)
+        loss = moons_mlp_loss(Xt, yt, params)
         for p in params:
             p.grad = None
         loss.backward()
