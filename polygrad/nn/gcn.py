@@ -23,10 +23,20 @@ from . import init as _init
 from .layers import dropout
 from .module import Module
 
-__all__ = ["GCNConv", "GCN", "csr_to_tensor"]
+__all__ = ["GCNConv", "GCN", "csr_to_tensor", "sparse_input"]
 
 
 is_sparse = pg.is_sparse
+
+
+def sparse_input(x: Any, weight: Tensor) -> Any:
+    """``x`` as CSR when the layout policy says so (a bag-of-words input such as Cora's, 1.3%
+    dense), decided once per storage and cached: dropout then touches only its nonzeros and
+    ``x @ W`` runs as an SpMM every epoch, instead of a fresh dense matrix being re-examined."""
+    if is_sparse(x):
+        return x
+    sparse_x = pg.maybe_sparsify_for_matmul(x, weight)
+    return x if sparse_x is None else sparse_x
 
 
 def _require(name: str) -> Callable[..., Any]:
@@ -44,14 +54,20 @@ def csr_to_tensor(csr: Any, backend: Any = None, dtype: Any = None) -> Tensor:
 
 
 def _fingerprint(graph: Any) -> tuple:
-    """Copies of what the adjacency is computed from (compared with np.array_equal on each call)."""
+    """What the adjacency is computed from, as host views (compared with np.array_equal on each
+    call; :func:`_owned` copies it only when a new adjacency is cached)."""
     if is_sparse(graph):
         p = graph.pattern
         values = graph.values
-        return ("sparse", tuple(graph.shape), np.array(p.indptr), np.array(p.cols),
-                np.array(values._be.to_numpy(values._data)))
+        return ("sparse", tuple(graph.shape), np.asarray(p.indptr), np.asarray(p.cols),
+                np.asarray(values._be.to_numpy(values._data)))
     data = graph._be.to_numpy(graph._data) if isinstance(graph, Tensor) else np.asarray(graph)
-    return ("edge_index", np.array(data))
+    return ("edge_index", np.asarray(data))
+
+
+def _owned(fingerprint: tuple) -> tuple:
+    """A fingerprint whose arrays are copies: the user's later in-place edits cannot reach it."""
+    return tuple(np.array(x) if isinstance(x, np.ndarray) else x for x in fingerprint)
 
 
 def _same_fingerprint(a: tuple, b: tuple) -> bool:
@@ -115,9 +131,9 @@ class GCNConv(Module):
             adj = adj.cast(self.weight.dtype)
         # an adjacency whose values carry gradient is rebuilt every call (a cached one would be
         # backpropagated through twice)
-        if self.cached and not getattr(adj, "requires_grad", False):
+        if fingerprint is not None and not getattr(adj, "requires_grad", False):
             pg.materialize(adj)  # a lazy backend computes it once, not in every epoch's graph
-            self._cache_key, self._cache = (fingerprint, key), adj
+            self._cache_key, self._cache = (_owned(fingerprint), key), adj
         return adj
 
     def _move_tensors(self, be: Any) -> None:
@@ -159,14 +175,7 @@ class GCN(Module):
 
     def forward(self, x: Tensor, graph: Any) -> Tensor:
         adj = self.conv1.adjacency(graph, x.shape[0])
-        if not is_sparse(x):
-            # Ask the layout policy about the input *before* dropout: a mostly-zero feature matrix
-            # (Cora's is 1.3% dense) is converted to CSR once -- the decision and the sparse form
-            # are cached on the tensor's storage -- so dropout touches only its nonzeros and x @ W
-            # runs as an SpMM every epoch, instead of a fresh dense matrix being re-examined.
-            sparse_x = pg.maybe_sparsify_for_matmul(x, self.conv1.weight)
-            if sparse_x is not None:
-                x = sparse_x
+        x = sparse_input(x, self.conv1.weight)  # asked *before* dropout (see sparse_input)
         if self.input_dropout:
             x = dropout(x, self.dropout, self.training)
         h = self.conv1.propagate(x, adj).relu()

@@ -9,21 +9,12 @@ from polygrad.activations import elu
 from polygrad.tensor import Tensor, concat
 
 from .convs import GATConv, GINConv, SAGEConv
+from .gcn import sparse_input
 from .layers import Linear, Sequential, ReLU, dropout
 from .module import Module
 from .pool import global_add_pool
 
 __all__ = ["GAT", "GraphSAGE", "GIN", "sparse_input"]
-
-
-def sparse_input(x: Any, weight: Tensor) -> Any:
-    """``x`` as CSR when the layout policy says so (a bag-of-words input), decided once per storage
-    and cached, so input dropout touches only its nonzeros and ``x @ W`` is an SpMM (as ``nn.GCN``)."""
-    if getattr(x, "layout", "dense") != "dense":
-        return x
-    from polygrad.sparse import maybe_sparsify_for_matmul
-    sparse_x = maybe_sparsify_for_matmul(x, weight)
-    return x if sparse_x is None else sparse_x
 
 
 class GAT(Module):
