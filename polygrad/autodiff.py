@@ -253,7 +253,7 @@ def _pass_down(inputs: tuple, in_grads: tuple, grads: dict, capture, produced: l
         if inp._node is None:
             _deliver(inp, ig, capture, produced)
         else:
-            key = id(inp._node)
+            key = graph_key(inp)
             grads[key] = grads[key] + ig if key in grads else ig
 
 

@@ -75,6 +75,7 @@ import numpy as np
 from .config import config
 from .dispatch import _recording, fallback, is_grad_enabled, registry, validate_against_reference
 from .errors import PolygradError
+from .ops import kernel_key
 from .backend import Backend
 from .registry import get_backend
 from .pattern import Pattern
@@ -246,10 +247,7 @@ class _Recorder:
         if not getattr(be, "supports_replay", True):
             self.refuse(f"backend {be.name!r} does not support replay")
             return
-        key = (op, layout)
-        table = registry.tables.get(be.name, {})
-        if key not in table and layout == "coo":
-            key = (op, "csr")  # dispatch's rule: both layouts share the canonical storage
+        key = kernel_key(op, layout)  # dispatch's rule: both layouts share the canonical storage
         ins = tuple(self._input(t) for t in inputs)
         out = self._produce(result._data, be, result.shape, result.dtype)
         self.program.append((_KERNEL, be, key, ins, dict(attrs), out, result.shape))

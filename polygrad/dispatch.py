@@ -150,12 +150,13 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         shapes, dtypes, arrays = tuple(shape_list), tuple(dtype_list), array_list
     shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
     # the memory budget is checked before the kernel allocates, from the inferred output size
-    if math.prod(shape) * dtype.itemsize >= memory.CHECK_FLOOR:
-        memory.check(str(op), memory.nbytes(shape, dtype), backend=be,
+    need = math.prod(shape) * dtype.itemsize
+    if need >= memory.CHECK_FLOOR:  # below it: no check, and no message built on the hot path
+        memory.check(str(op), need, backend=be,
                      what=f"its {dtype} output of shape {shape} (operands {', '.join(map(str, shapes))})")
     scalar = None
     try:
-        kernel = _tables.get(be.name, EMPTY).get((op, layout))
+        kernel = _tables.get(be.name, EMPTY).get(kernel_key(op, layout))
         if kernel is None:
             out = run_kernel(be, op, layout, arrays, attrs, shape, dtype)
         else:

@@ -136,6 +136,6 @@ def toposort(roots: "list[Tensor]") -> "list[Tensor]":
         if inputs is None:
             continue  # freed: autodiff reports it when it reaches this tensor
         for inp in reversed(inputs):
-            if inp.requires_grad and inp._node is not None and id(inp._node) not in seen:
+            if inp.requires_grad and inp._node is not None and graph_key(inp) not in seen:
                 stack.append((inp, False))
     return order

@@ -292,8 +292,7 @@ class Monitor:
                 self._warn(f"op '{op}' on backend {backend!r} ({layout}) produced NaN from NaN-free inputs")
             cur.nan_ops[key] += 1
         cur.ops[(op, backend, layout)] += 1  # a tuple key: formatting waits for the report
-        if backend not in self._backends_seen:
-            self._backends_seen.add(backend)
+        self._backends_seen.add(backend)
         if op in _SPARSE_OPS:
             nnz, rows, cols = _density(op, inputs, output)
             # one entry per op and operand shape: A (n x n) and sparse features (n x F) stay apart

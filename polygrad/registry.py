@@ -254,16 +254,18 @@ class Registry:
         None.  ``kind``: "forward", or "vjp" for a fused backward kernel."""
         if kind not in ("forward", "vjp"):
             raise ValueError(f"kind must be 'forward' or 'vjp', got {kind!r}")
-        self.load()
-        tables = self.vjp_tables if kind == "vjp" else self.tables
-        return tables.get(backend, {}).get((Op(op), layout))
+        return self._table(backend, kind).get(kernel_key(Op(op), layout))
 
     def kernel_table(self, backend: str, kind: str = "forward") -> dict:
-        """A copy of ``backend``'s kernel table: {(Op, layout): kernel}."""
+        """A copy of ``backend``'s kernel table: {(Op, layout): kernel} (sparse ops under "csr",
+        which serves "coo" too)."""
+        return dict(self._table(backend, kind))
+
+    def _table(self, backend: str, kind: str) -> dict:
         if kind not in ("forward", "vjp"):
             raise ValueError(f"kind must be 'forward' or 'vjp', got {kind!r}")
         self.load()
-        return dict((self.vjp_tables if kind == "vjp" else self.tables).get(backend, {}))
+        return (self.vjp_tables if kind == "vjp" else self.tables).get(backend, {})
 
     def get(self, name: str) -> Backend:
         self.load()
