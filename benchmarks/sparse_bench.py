@@ -6,8 +6,8 @@ Sections (every ratio is against an anchor measured in the same run):
     requiring grad) on a random graph -- 100,000 nodes, 1,000,000 edges, F = 64 (``--quick``:
     20,000 / 200,000 / 32) -- divided by the same math written with raw scipy.sparse + numpy
     (``S @ X``, ``S.T @ dY``, ``einsum`` of ``dY[rows]`` and ``X[cols]``).  Target <= 1.2.
-    Rows: polygrad's numpy backend with its own pure-numpy kernels, and with the polygrad-scipy
-    plugin's SpMM kernels (when that plugin is installed, or importable from ``plugins/``).
+    Rows: polygrad's numpy backend with its own pure-numpy kernels, and with the kernels as
+    installed (scipy's compiled routines, or a plugin's override).
     The peak RSS growth of polygrad's forward + backward is reported too (the dense equivalent
     would need a 100,000 x 100,000 matrix: 40 GB in float32).
 (b) ``break-even``: polygrad sparse vs dense matmul, forward + backward w.r.t. X, on 2708 x 2708
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import math
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,7 +54,7 @@ def _best(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# kernel selection: the numpy backend's own kernels vs polygrad-scipy's
+# kernel selection: the numpy backend's pure-numpy kernels vs the installed (compiled) ones
 # ---------------------------------------------------------------------------------------------
 def _sparse_ops():
     from polygrad.ops import SPARSE
@@ -83,24 +82,6 @@ def _pure_numpy_kernels() -> Iterator[None]:
             if v is not None:
                 table[k] = v
         vjps.update(saved_vjp)
-
-
-def _scipy_plugin() -> tuple[Any, str]:
-    """(the polygrad_scipy module registered with polygrad, where it came from) or (None, why not)."""
-    import polygrad as pg
-
-    mod = optional_import("polygrad_scipy")
-    origin = "installed"
-    if mod is None:
-        src = REPO_ROOT / "plugins" / "polygrad-scipy"
-        if (src / "polygrad_scipy" / "__init__.py").exists() and optional_import("scipy") is not None:
-            sys.path.insert(0, str(src))
-            mod = optional_import("polygrad_scipy")
-            origin = "source tree (plugins/polygrad-scipy)"
-    if mod is None:
-        return None, "polygrad-scipy not installed"
-    pg.register_plugin(mod, name="scipy")  # no-op when its entry point already registered it
-    return mod, origin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,20 +160,18 @@ def section_spmm(quick: bool) -> dict:
                     "spmm_peak_traced_MiB": traced / 2**20, "spmm_peak_rss_growth_MiB": rss.mib,
                     "spmm_dense_equivalent_GB_float32": dense_gb, "spmm_target": TARGET_RATIO})
 
-    plugin, origin = _scipy_plugin()
-    if plugin is None:
-        rows.append(skipped_row("polygrad-scipy", section="(a) spmm", reason=f"skipped: {origin}"))
-    else:
-        y = polygrad_step()
-        np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-4, atol=1e-3)
-        np.testing.assert_allclose(x.grad.numpy(), dx_ref, rtol=1e-4, atol=1e-3)
-        np.testing.assert_allclose(a.grad.values.numpy(), da_ref, rtol=1e-4, atol=1e-3)
-        t_plugin = _best(polygrad_step, repeat)
-        t_plugin_fwd = _best(lambda: a @ x, repeat)
-        rows.append({"section": "(a) spmm", "case": label, "impl": f"polygrad numpy + polygrad-scipy ({origin})",
-                     "fwd+bwd_s": t_plugin, "fwd_s": t_plugin_fwd, "ratio": t_plugin / t_scipy,
-                     "fwd_ratio": t_plugin_fwd / t_scipy_fwd})
-        summary["spmm_ratio_scipy_kernels"] = t_plugin / t_scipy
+    # the kernels as installed: scipy's compiled routines in the numpy backend (or a plugin's override)
+    y = polygrad_step()
+    np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(x.grad.numpy(), dx_ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(a.grad.values.numpy(), da_ref, rtol=1e-4, atol=1e-3)
+    t_installed = _best(polygrad_step, repeat)
+    t_installed_fwd = _best(lambda: a @ x, repeat)
+    rows.append({"section": "(a) spmm", "case": label,
+                 "impl": f"polygrad numpy backend, installed kernels ({_spmm_override() or 'pure numpy'})",
+                 "fwd+bwd_s": t_installed, "fwd_s": t_installed_fwd, "ratio": t_installed / t_scipy,
+                 "fwd_ratio": t_installed_fwd / t_scipy_fwd})
+    summary["spmm_ratio_scipy_kernels"] = t_installed / t_scipy
     return {"rows": rows, "summary": summary}
 
 
@@ -219,7 +198,7 @@ def _crossing(densities: list[float], ratios: list[float]) -> float | str:
 
 
 def _spmm_override() -> str | None:
-    """Module of the numpy backend's SpMM kernel when a plugin overrides it, else None."""
+    """Module of the numpy backend's SpMM kernel unless it is the pure-numpy one (then None)."""
     from polygrad.ops import Op
     from polygrad.registry import registry
     registry.load()

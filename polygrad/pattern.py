@@ -218,6 +218,14 @@ class Pattern:
         union_cols[diag_pos] = np.arange(n, dtype=np.int64)
         return Pattern(self.shape, indptr, union_cols, self.layout), pos, diag_pos, had_diag
 
+    def derived(self, key: Any, make: Callable[["Pattern"], Any]) -> Any:
+        """``make(self)``, computed once per ``key`` and cached on the pattern (which never changes):
+        for a backend's own form of the indices, e.g. int32 copies for a compiled kernel."""
+        value = self._device.get(key)
+        if value is None:
+            value = self._device[key] = make(self)
+        return value
+
     def on(self, key: Any, convert: Callable[[np.ndarray], Any]) -> tuple[Any, Any, Any]:
         """(indptr, rows, cols) converted once per backend (``key``) and cached: no copy per call."""
         arrays = self._device.get(key)

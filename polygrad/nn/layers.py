@@ -13,6 +13,9 @@ from polygrad.tensor import Tensor
 from . import init as _init
 from .module import Module
 
+#: dropout's draw resolution: 16 random bits per entry
+DROPOUT_LEVELS = 1 << 16
+
 __all__ = ["Linear", "MLP", "Dropout", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential", "dropout",
            "as_input"]
 
@@ -82,7 +85,9 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
     On a sparse tensor only its stored values are dropped; the pattern is kept (Kipf & Welling's
     sparse dropout on the input features), so the result stays sparse and cheap.  Draws from
-    polygrad's seeded generator.  Identity when not ``training`` or ``p == 0``.
+    polygrad's seeded generator, 16 bits per entry: ``p`` is honoured to 1/65536 (an entry is dropped
+    when its draw is below ``round(p * 65536)``; exact for p = 0.5, within 8e-6 of any other p).
+    Identity when not ``training`` or ``p == 0``.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
@@ -93,16 +98,18 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         raise pg.errors.DTypeError(f"dropout needs a floating tensor, got {target.dtype}")
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
     shape, dtype, backend = target.shape, target.dtype, target.backend
-    # drawn and built in the target's dtype: a float64 draw and product would hold ~4x
-    # the tensor's size in temporaries (1.6 GB for a 1M x 64 float32 layer)
-    draw_dtype = np.float32 if dtype == np.float32 else np.float64
-
     be = target._be
     scale_value = dtype.type(scale)
+    drop_below = np.uint16(min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1))
+    size = int(np.prod(shape, dtype=np.int64))
 
     def draw() -> np.ndarray:  # a compiled step (pg.compile) draws again on every replay
-        keep = pg.rng().random(shape, dtype=draw_dtype) >= p
-        return np.multiply(keep, scale_value, dtype=dtype)  # 0 or scale, in one pass
+        if p == 1.0:
+            return np.zeros(shape, dtype=dtype)
+        # 16 random bits per element, four from each 64-bit word of the generator: a float draw
+        # per element costs twice the generator's time (0.13 ms of a 1 ms Cora epoch)
+        bits = pg.rng().bit_generator.random_raw((size + 3) // 4).view(np.uint16)[:size].reshape(shape)
+        return np.multiply(bits >= drop_below, scale_value, dtype=dtype)  # 0 or scale, in one pass
 
     mask = fresh(lambda: pg.tensor(draw(), backend=backend), lambda: be.from_numpy(draw()))
     if not pg.is_sparse(x):

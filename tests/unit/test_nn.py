@@ -224,6 +224,29 @@ def test_dropout_is_seeded_and_gradient_flows_through_kept_entries_only():
     np.testing.assert_array_equal(x.grad.numpy(), y.numpy())  # d(x*mask)/dx = mask
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9, 1e-6, 1 - 1e-6])
+def test_dropout_rate_is_honoured_to_one_part_in_65536(p):
+    from polygrad.nn.layers import DROPOUT_LEVELS
+    pg.manual_seed(11)
+    n = 400_000
+    kept = nn.dropout(pg.ones(n), p).numpy() != 0
+    effective = min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1) / DROPOUT_LEVELS
+    assert abs(effective - p) <= 1 / DROPOUT_LEVELS
+    sigma = max((effective * (1 - effective) / n) ** 0.5, 1e-9)
+    assert abs((1 - kept.mean()) - effective) < 6 * sigma + 1e-12
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (5, 3), (4, 0), (2, 3, 7)])
+def test_dropout_draws_any_shape_and_reproduces_from_the_seed(shape):
+    x = pg.ones(*shape, dtype=pg.float64)
+    pg.manual_seed(3)
+    a = nn.dropout(x, 0.5).numpy()
+    pg.manual_seed(3)
+    b = nn.dropout(x, 0.5).numpy()
+    assert a.shape == shape and a.dtype == np.float64 and set(np.unique(a)) <= {0.0, 2.0}
+    np.testing.assert_array_equal(a, b)
+
+
 @needs_sparse
 def test_dropout_on_sparse_keeps_the_pattern():
     dense = np.zeros((20, 30), dtype=np.float32)

@@ -1,19 +1,16 @@
-"""polygrad-scipy: int32-index scipy SpMM kernels (faster, a little more memory) and a scipy backend.
+"""polygrad-scipy: a backend named "scipy", built on scipy.sparse, as a third-party plugin.
 
 Installing this package (``pip install ./plugins/polygrad-scipy``) registers, through the entry
-point ``scipy`` in the group ``polygrad``:
+point ``scipy`` in the group ``polygrad``, a **backend named "scipy"** (hook ``polygrad_backends``):
+numpy arrays, numpy for every dense op, and sparse kernels of its own (SpMM and its fused
+backward on scipy's compiled CSR/CSC routines over int32 indices cached per pattern, SDDMM in
+bounded chunks, segment sums by ``reduceat``).  Selectable with ``pg.set_backend("scipy")`` and
+checkable with ``polygrad check scipy``: a complete backend written only against polygrad's public
+plugin contract, and an independent implementation of the sparse ops that the cross-backend
+gradient tests compare the numpy backend against.
 
-* **SpMM overrides for the numpy backend** (hook ``polygrad_kernels``): the forward ``A @ X`` and
-  the fused backward (``dX = Aᵀ @ dY`` on scipy's CSC view, ``dA`` as an SDDMM at A's nonzeros).
-  polygrad's numpy backend already runs both on scipy's compiled kernels, on the pattern's own
-  int64 indices; these overrides run them on an int32 copy of the indices, converted once per
-  pattern and cached on it: about 20% faster SpMM (measured at 1M nodes / 11M nonzeros, F=64:
-  1.49 s against 1.88 s) for 4 more bytes per nonzero (and per row).  A speed-for-memory trade
-  a user opts into by installing the plugin.  Priority 10, above the numpy backend's own (0);
-  patterns too large for int32 use int64 (scipy's own choice).
-* a **backend named "scipy"** (hook ``polygrad_backends``): numpy arrays, the same scipy kernels,
-  numpy everything else -- selectable with ``pg.set_backend("scipy")`` and checkable with
-  ``polygrad check scipy``: a complete third-party backend built on an existing library.
+Version 0.2 of this plugin also overrode the numpy backend's SpMM with int32-index kernels (hook
+``polygrad_kernels``); the numpy backend now does that itself, so the override is gone.
 """
 from __future__ import annotations
 
@@ -22,9 +19,7 @@ import polygrad as pg
 from . import kernels
 from .backend import ScipyBackend
 
-__version__ = "0.2.0"
-#: priority of the override; the numpy backend's own kernels have 0, the highest priority wins
-PRIORITY = 10
+__version__ = "0.3.0"
 
 
 @pg.hookimpl
@@ -32,11 +27,4 @@ def polygrad_backends() -> list:
     return [ScipyBackend()]
 
 
-@pg.hookimpl
-def polygrad_kernels() -> list:
-    # one key each: polygrad keys sparse kernels once, "csr" and "coo" label one canonical storage
-    return [pg.KernelOverride("numpy", "spmm", "csr", kernels.spmm, PRIORITY),
-            pg.KernelOverride("numpy", "spmm", "csr", kernels.spmm_vjp, PRIORITY, kind="vjp")]
-
-
-__all__ = ["PRIORITY", "ScipyBackend", "kernels", "polygrad_backends", "polygrad_kernels"]
+__all__ = ["ScipyBackend", "kernels", "polygrad_backends"]

@@ -1,0 +1,122 @@
+"""The numpy backend's own fast paths: int32 sparsetools indices, BLAS leading-axes sums, branch-free where."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import polygrad as pg
+import polygrad.backends.numpy as nb
+from polygrad.ops import Op
+from polygrad.pattern import Pattern
+from polygrad.registry import registry
+
+
+def _kernel(op: Op, layout: str = "dense"):
+    registry.load()
+    return registry.tables["numpy"][(op, layout)]
+
+
+def _pattern(n: int, m: int, density: float, seed: int) -> Pattern:
+    rows, cols = np.nonzero(np.random.default_rng(seed).random((n, m)) < density)
+    return Pattern.from_sorted((n, m), rows, cols)
+
+
+def test_sparsetools_indices_are_int32_copies_made_once_per_pattern():
+    p = _pattern(40, 30, 0.2, seed=0)
+    indptr, cols = nb.sparsetools_indices(p)
+    assert indptr.dtype == np.int32 and cols.dtype == np.int32
+    np.testing.assert_array_equal(indptr, p.indptr)
+    np.testing.assert_array_equal(cols, p.cols)
+    again = nb.sparsetools_indices(p)
+    assert again[0] is indptr and again[1] is cols          # cached: no per-call copy
+    assert p.indptr.dtype == np.int64 and p.cols.dtype == np.int64  # the pattern itself is unchanged
+
+
+@pytest.mark.parametrize("nnz, shape", [(nb.INT32_MAX + 1, (10, 10)), (5, (nb.INT32_MAX + 1, 3)),
+                                         (5, (3, nb.INT32_MAX + 1))])
+def test_sparsetools_indices_stay_int64_past_int32(nnz, shape):
+    # checked on a stand-in (no 2**31-entry allocation): past int32's range the originals are used
+    indptr, cols = np.zeros(4, dtype=np.int64), np.zeros(3, dtype=np.int64)
+    fake = types.SimpleNamespace(nnz=nnz, shape=shape, indptr=indptr, cols=cols,
+                                 derived=lambda *a: pytest.fail("converted a pattern too large for int32"))
+    got = nb.sparsetools_indices(fake)
+    assert got[0] is indptr and got[1] is cols
+
+
+def test_sparsetools_indices_at_the_int32_boundary_convert():
+    seen = []
+    fake = types.SimpleNamespace(nnz=nb.INT32_MAX, shape=(nb.INT32_MAX, 1),
+                                 derived=lambda key, make: seen.append(key) or ("i", "c"))
+    assert nb.sparsetools_indices(fake) == ("i", "c") and seen == ["numpy.int32"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, axes", [((2708, 16), (0,)), ((7, 5, 3), (0, 1)), ((7, 5, 3), (0,)),
+                                         ((1, 4), (0,)), ((300, 1), (0,))])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_leading_axes_sum_matches_numpy(dtype, shape, axes, keepdims):
+    x = np.random.default_rng(1).normal(size=shape).astype(dtype)
+    got = _kernel(Op.SUM)(x, axes=axes, keepdims=keepdims)
+    want = x.sum(axis=axes, keepdims=keepdims)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("x, axes", [
+    (np.arange(12.0).reshape(3, 4).T, (0,)),                 # not C-contiguous: numpy's own sum
+    (np.arange(12, dtype=np.int64).reshape(3, 4), (0,)),     # integers keep numpy's exact sum
+    (np.arange(12.0).reshape(3, 4), (1,)),                   # not a leading axis
+    (np.arange(12.0).reshape(3, 4), (0, 1)),                 # every axis
+    (np.zeros((0, 4)), (0,)),                                # empty
+])
+def test_leading_axes_sum_other_cases_fall_back_exactly(x, axes):
+    got = _kernel(Op.SUM)(x, axes=axes, keepdims=False)
+    want = x.sum(axis=axes)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_leading_axes_sum_propagates_nan_and_inf():
+    x = np.array([[np.nan, 1.0, np.inf], [1.0, 2.0, -np.inf], [0.0, 3.0, 1.0]], dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        got = _kernel(Op.SUM)(x, axes=(0,), keepdims=False)
+    assert np.isnan(got[0]) and got[1] == 6.0 and np.isnan(got[2])
+
+
+def test_bias_gradient_through_the_blas_sum_is_right():
+    rng = np.random.default_rng(2)
+    from polygrad.testing import check_grads
+    check_grads(lambda a, b: ((a + b) * (a + b)).sum(), [rng.normal(size=(50, 3)), rng.normal(size=3)],
+                backend="numpy")
+
+
+@pytest.mark.parametrize("size", [nb.BRANCH_FREE_WHERE_MIN - 1, nb.BRANCH_FREE_WHERE_MIN, 43_328])
+def test_where_at_and_around_the_branch_free_threshold_is_np_where(size):
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=size).astype(np.float32)
+    a[::7] = -0.0
+    a[::11] = np.nan
+    cond = rng.random(size) < 0.5
+    zero = np.zeros((), dtype=np.float32)
+    for args in ((cond, zero, a), (cond, a, a[::-1].copy())):
+        got, want = _kernel(Op.WHERE)(*args), np.where(*args)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert np.array_equal(got.view(np.int32), want.view(np.int32))  # bit for bit
+
+
+def test_numpy_spmm_runs_on_the_int32_copies(monkeypatch):
+    p = _pattern(30, 20, 0.2, seed=4)
+    seen = []
+    real = nb._sparsetools.csr_matvecs
+    monkeypatch.setattr(nb._sparsetools, "csr_matvecs",
+                        lambda *a: seen.append((a[3].dtype, a[4].dtype)) or real(*a))
+    values = np.random.default_rng(5).normal(size=p.nnz).astype(np.float32)
+    x = np.random.default_rng(6).normal(size=(20, 4)).astype(np.float32)
+    out = _kernel(Op.SPMM, "csr")(values, x, pattern=p)
+    dense = np.zeros(p.shape, np.float64)
+    dense[p.rows, p.cols] = values
+    np.testing.assert_allclose(out, dense @ x, rtol=1e-5, atol=1e-5)
+    if _kernel(Op.SPMM, "csr").__module__ == nb.__name__:  # not overridden by some plugin
+        assert seen == [(np.int32, np.int32)]
