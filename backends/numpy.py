@@ -15,13 +15,21 @@ a third of a Cora-sized SpMM), on int32 copies of the pattern's indices made onc
 from __future__ import annotations
 
 import numpy as np
+import psutil
 from scipy.sparse import _sparsetools
 
 import polygrad as pg
+from polygrad.array_pool import HOST_POOL
 from polygrad.backend import HOST_DLPACK_DEVICES
 from polygrad.ops import Op
 
 from .array_kernels import make_kernels
+
+#: large kernel outputs come from here and are reused once unreferenced (polygrad.array_pool)
+POOL = HOST_POOL
+#: inputs below this many elements cannot make a pooled output (8 bytes each at most): one
+#: comparison keeps the wrappers below at ~0.1 us on small arrays
+POOL_MIN_ELEMENTS = POOL.min_bytes // 8
 
 #: dtypes the compiled SpMM covers; any other result dtype runs the shared numpy kernel
 COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -54,7 +62,7 @@ def compiled_spmm(fallback):
                 _sparsetools.csr_matvec(n, m, indptr, cols, vals, np.ascontiguousarray(x, dtype=dtype), out)
             return out
         f = x.shape[1]
-        out = np.zeros((n, f), dtype=dtype)
+        out = POOL.zeros((n, f), dtype)
         if pattern.nnz and f:
             x2 = np.ascontiguousarray(x, dtype=dtype)
             _sparsetools.csr_matvecs(n, m, f, indptr, cols, vals, x2.ravel(), out.ravel())
@@ -84,7 +92,7 @@ def compiled_spmm_vjp(sddmm):
             vals = np.ascontiguousarray(values, dtype=dtype)
             g2 = np.ascontiguousarray(g, dtype=dtype)
             f = 1 if g.ndim == 1 else g.shape[1]
-            out = np.zeros((m,) if g.ndim == 1 else (m, f), dtype=dtype)
+            out = POOL.zeros((m,) if g.ndim == 1 else (m, f), dtype)
             if pattern.nnz and f:
                 # Aᵀ (m x n) stored column-major is exactly A's CSR: indptr over Aᵀ's columns
                 indptr, cols = sparsetools_indices(pattern)
@@ -135,7 +143,8 @@ def branch_free_where(cond, a, b):
         return np.where(cond, a, b)
     shape = np.broadcast_shapes(cond.shape, a.shape, b.shape)
     ints = np.dtype(f"i{dt.itemsize}")
-    take_b = np.array(cond, dtype=ints)
+    take_b = POOL.empty(cond.shape, ints)
+    take_b[...] = cond
     take_b -= 1  # 0 where cond (take a), all bits set elsewhere (take b)
     bits_a, bits_b = a.view(ints), b.view(ints)
     if a.ndim == 0 and not bits_a and take_b.shape == shape:  # where(cond, 0, b): one pass, in place
@@ -144,6 +153,53 @@ def branch_free_where(cond, a, b):
     np.invert(take_b, out=take_b)
     out = np.bitwise_or(picked_b, np.bitwise_and(take_b, bits_a))
     return np.broadcast_to(out, shape).copy().view(dt) if out.shape != shape else out.view(dt)
+
+
+def pooled_ufunc(ufunc):
+    """``ufunc`` (unary or binary) writing large outputs into pooled buffers, others as usual."""
+    resolve = getattr(ufunc, "resolve_dtypes", None)  # numpy >= 1.24
+    if resolve is None or ufunc.nout != 1 or ufunc.nin not in (1, 2):
+        return ufunc
+
+    def pooled(*arrays):
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        dtype = resolve(tuple(a.dtype for a in arrays) + (None,))[-1]
+        return ufunc(*arrays, out=POOL.empty(shape, dtype))
+
+    # one size test per call on the small-array path (Cora-sized steps call these ~40 times)
+    if ufunc.nin == 1:
+        def kernel(x):
+            return ufunc(x) if x.size < POOL_MIN_ELEMENTS else pooled(x)
+    else:
+        def kernel(x, y):  # type: ignore[misc]
+            if x.size < POOL_MIN_ELEMENTS and y.size < POOL_MIN_ELEMENTS:
+                return ufunc(x, y)
+            return pooled(x, y)
+
+    kernel.__name__ = kernel.__qualname__ = f"pooled_{ufunc.__name__}"
+    return kernel
+
+
+def pooled_relu(x):
+    zero = np.zeros((), dtype=x.dtype)
+    if x.size < POOL_MIN_ELEMENTS:
+        return np.maximum(x, zero)
+    return np.maximum(x, zero, out=POOL.empty(x.shape, x.dtype))
+
+
+def pooled_matmul(a, b):
+    """``a @ b``; 2-D products of pooled size write into a pooled buffer."""
+    if a.ndim != 2 or b.ndim != 2 or (a.size < POOL_MIN_ELEMENTS and b.size < POOL_MIN_ELEMENTS):
+        return np.matmul(a, b)
+    dtype = np.result_type(a.dtype, b.dtype)
+    if dtype.kind not in "fc" or a.shape[1] != b.shape[0]:
+        return np.matmul(a, b)  # integer products and shape errors: numpy's own path and message
+    return np.matmul(a, b, out=POOL.empty((a.shape[0], b.shape[1]), dtype))
+
+
+#: elementwise ops whose kernel is a plain ufunc in the shared table
+POOLED_UFUNCS = (Op.NEG, Op.EXP, Op.LOG, Op.TANH, Op.RECIPROCAL, Op.ADD, Op.MUL, Op.POW, Op.MAXIMUM,
+                 Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE)
 
 
 class NumpyBackend(pg.Backend):
@@ -159,6 +215,16 @@ class NumpyBackend(pg.Backend):
         self.vjp_kernels[(Op.SPMM, "csr")] = compiled_spmm_vjp(self.kernels[(Op.SDDMM, "csr")])
         self.kernels[(Op.WHERE, "dense")] = branch_free_where
         self.kernels[(Op.SUM, "dense")] = leading_axes_sum(self.kernels[(Op.SUM, "dense")])
+        for op in POOLED_UFUNCS:
+            self.kernels[(op, "dense")] = pooled_ufunc(self.kernels[(op, "dense")])
+        self.kernels[(Op.RELU, "dense")] = pooled_relu
+        self.kernels[(Op.MATMUL, "dense")] = pooled_matmul
+        self.pool = POOL
+
+    def memory_available(self, device: int = 0) -> int | None:
+        # buffers the pool holds idle are this backend's to reuse: available to the next op
+        idle = self.pool.idle_bytes()
+        return None if not idle else int(psutil.virtual_memory().available) + idle
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array

@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import polygrad as pg
+from polygrad.array_pool import HOST_POOL
 from polygrad.capture import fresh
 from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
@@ -15,6 +16,8 @@ from .module import Module
 
 #: dropout's draw resolution: 16 random bits per entry
 DROPOUT_LEVELS = 1 << 16
+#: entries drawn per chunk (a multiple of 4: whole 64-bit words, so chunking never changes the bits)
+DROPOUT_CHUNK = 1 << 20
 
 __all__ = ["Linear", "MLP", "Dropout", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential", "dropout",
            "as_input"]
@@ -97,21 +100,30 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if target.dtype.kind != "f":
         raise pg.errors.DTypeError(f"dropout needs a floating tensor, got {target.dtype}")
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-    shape, dtype, backend = target.shape, target.dtype, target.backend
+    shape, dtype = target.shape, target.dtype
     be = target._be
     scale_value = dtype.type(scale)
     drop_below = np.uint16(min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1))
     size = int(np.prod(shape, dtype=np.int64))
 
     def draw() -> np.ndarray:  # a compiled step (pg.compile) draws again on every replay
+        mask = HOST_POOL.empty(shape, dtype)  # a large mask reuses a buffer: no fresh pages per step
         if p == 1.0:
-            return np.zeros(shape, dtype=dtype)
-        # 16 random bits per element, four from each 64-bit word of the generator: a float draw
-        # per element costs twice the generator's time (0.13 ms of a 1 ms Cora epoch)
-        bits = pg.rng().bit_generator.random_raw((size + 3) // 4).view(np.uint16)[:size].reshape(shape)
-        return np.multiply(bits >= drop_below, scale_value, dtype=dtype)  # 0 or scale, in one pass
+            mask.fill(0)
+            return mask
+        # 16 random bits per element, four from each 64-bit word of the generator (a float draw
+        # per element costs twice the generator's time), in chunks of whole words, so the bits
+        # are those of one draw and the temporaries stay small
+        flat = mask.reshape(-1)
+        generator = pg.rng().bit_generator
+        for lo in range(0, size, DROPOUT_CHUNK):
+            n = min(DROPOUT_CHUNK, size - lo)
+            bits = generator.random_raw((n + 3) // 4).view(np.uint16)[:n]
+            np.multiply(bits >= drop_below, scale_value, out=flat[lo:lo + n])  # 0 or scale
+        return mask
 
-    mask = fresh(lambda: pg.tensor(draw(), backend=backend), lambda: be.from_numpy(draw()))
+    # the mask is ours alone: wrapped as it is (pg.tensor would copy it, a second pass over N x F)
+    mask = fresh(lambda: Tensor._make(be.from_numpy(draw()), be, shape, dtype), lambda: be.from_numpy(draw()))
     if not pg.is_sparse(x):
         return x * mask
     return x.with_values(x.values * mask)  # same pattern, dropped values (differentiable)

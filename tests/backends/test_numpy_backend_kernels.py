@@ -6,7 +6,6 @@ import types
 import numpy as np
 import pytest
 
-import polygrad as pg
 import polygrad.backends.numpy as nb
 from polygrad.ops import Op
 from polygrad.pattern import Pattern

@@ -1,0 +1,146 @@
+"""Reuse of large host (numpy) arrays between kernels and steps: a caching allocator.
+
+Without reuse, every large kernel output is fresh memory from the operating system: a page fault
+and a page of zeros at first touch (17 ms per 256 MB with huge pages on this project's machines),
+and, on a virtual machine whose host takes freed guest memory back, a host fault per page on top
+(measured: 0.55 s per 256 MB, several times per epoch of a million-node GCN).  A training step
+allocates the same few sizes every step, so the numpy backend (its large kernel outputs) and
+polygrad's own host code (dropout masks) take large arrays from :data:`HOST_POOL`, which keeps
+their buffers and hands one out again once nothing references it any more -- what PyTorch's
+caching allocator does on GPUs.
+
+**When a buffer is free.**  Every array handed out is a view of a pooled buffer, and a numpy view
+keeps its base alive; so does anything derived from it (views, DLPack capsules, memoryviews,
+``torch.from_numpy``).  A buffer whose only references are the pool's is therefore unreachable
+outside it, and can be written again.  CPython's reference count tells; where it is not exact
+(other interpreters, free-threaded builds) the pool is off.
+
+**Bounds.**  Only arrays of at least ``min_bytes`` (8 MiB) go through the pool; buffers are
+matched by exact size, so a reused one is exactly as large as a fresh one.  Idle buffers count as
+available memory for the memory budget (:meth:`idle_bytes`), are released when an allocation fails
+(the allocation is then retried), when they would make the pool exceed ``max_bytes`` (a quarter
+of physical memory), and on :meth:`release`.  ``POLYGRAD_NUMPY_POOL=0`` switches the pool off.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import psutil
+
+__all__ = ["ArrayPool", "HOST_POOL", "refcounts_are_exact"]
+
+#: arrays smaller than this are allocated directly: malloc recycles small blocks itself
+MIN_BYTES = 8 << 20
+
+
+def refcounts_are_exact() -> bool:
+    """Whether ``sys.getrefcount`` counts every reference (CPython with the GIL)."""
+    if sys.implementation.name != "cpython" or not hasattr(sys, "getrefcount"):
+        return False
+    gil = getattr(sys, "_is_gil_enabled", None)
+    return gil is None or bool(gil())
+
+
+def _idle_refcount() -> int:
+    """``sys.getrefcount(buf)`` of a buffer referenced only by the pool's list, as seen from
+    inside :meth:`ArrayPool._take`'s loop (measured, not assumed: it differs between versions)."""
+    probe = [np.empty(1, dtype=np.uint8)]
+    for buf in probe:
+        return sys.getrefcount(buf)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class ArrayPool:
+    """Large output buffers, reused once unreferenced (see the module docstring)."""
+
+    def __init__(self, min_bytes: int = MIN_BYTES, max_bytes: int | None = None, enabled: bool | None = None):
+        self.min_bytes = int(min_bytes)
+        self.max_bytes = int(max_bytes if max_bytes is not None else psutil.virtual_memory().total // 4)
+        if enabled is None:
+            enabled = refcounts_are_exact() and os.environ.get("POLYGRAD_NUMPY_POOL", "1") != "0"
+        self.enabled = bool(enabled)
+        self._buffers: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self._idle_refs = _idle_refcount()
+        self.hits = 0
+        self.misses = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialised array (like ``np.empty``), from an idle buffer when there is one."""
+        dtype = np.dtype(dtype)
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= int(n)
+        if not self.enabled or nbytes < self.min_bytes:
+            return np.empty(shape, dtype=dtype)
+        with self._lock:
+            buf = self._take(nbytes)
+        return buf.view(dtype).reshape(shape)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        out = self.empty(shape, dtype)
+        out.fill(0)
+        return out
+
+    def _find_idle(self, nbytes: int) -> np.ndarray | None:
+        # a function of its own, so that no loop variable outlives the search holding a buffer
+        idle = self._idle_refs
+        for buf in self._buffers:
+            if buf.nbytes == nbytes and sys.getrefcount(buf) == idle:
+                return buf
+        return None
+
+    def _take(self, nbytes: int) -> np.ndarray:
+        found = self._find_idle(nbytes)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        if self.pooled_bytes() + nbytes > self.max_bytes:
+            self._release_idle()
+        try:
+            buf = np.empty(nbytes, dtype=np.uint8)
+        except MemoryError:
+            self._release_idle()  # memory held idle is the first to give back
+            buf = np.empty(nbytes, dtype=np.uint8)
+        if self.pooled_bytes() + nbytes <= self.max_bytes:
+            self._buffers.append(buf)
+        return buf
+
+    def _release_idle(self) -> None:
+        self._buffers = self._busy()
+
+    def _busy(self) -> list[np.ndarray]:
+        idle = self._idle_refs
+        busy = []
+        for buf in self._buffers:
+            if sys.getrefcount(buf) != idle:
+                busy.append(buf)
+        return busy
+
+    def pooled_bytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers)
+
+    def idle_bytes(self) -> int:
+        """Bytes held by buffers nothing uses now (available to the next large allocation)."""
+        if not self.enabled:
+            return 0
+        with self._lock:
+            return self.pooled_bytes() - sum(b.nbytes for b in self._busy())
+
+    def release(self) -> None:
+        """Give every idle buffer back to the system (buffers in use stay pooled)."""
+        with self._lock:
+            self._release_idle()
+
+    def __repr__(self) -> str:
+        return (f"ArrayPool(enabled={self.enabled}, buffers={len(self._buffers)}, "
+                f"pooled={self.pooled_bytes() >> 20} MiB, hits={self.hits}, misses={self.misses})")
+
+
+#: the process's pool of large host arrays (the numpy backend's kernel outputs, dropout masks)
+HOST_POOL = ArrayPool()

@@ -1,0 +1,198 @@
+"""The host array pool (polygrad.array_pool): a buffer is reused only when nothing can see it.
+
+Attacks: every way a caller can keep a view of a pooled array alive (slices, transposes, a
+memoryview, DLPack, a tensor, a user's ``t.numpy()``), threads allocating at once, stale contents
+after reuse, an address-space limit that idle buffers would exhaust, and the switch to turn it off.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import polygrad as pg
+from polygrad.array_pool import HOST_POOL, ArrayPool, refcounts_are_exact
+
+from ._limited import run_limited
+
+pytestmark = pytest.mark.skipif(not refcounts_are_exact(), reason="the pool needs exact reference counts")
+
+SMALL_MIN = 1 << 12  # a test pool pools arrays of 4 KiB and up
+
+
+def _buffer(a: np.ndarray) -> np.ndarray:
+    return a.base if a.base is not None else a
+
+
+def test_small_arrays_are_not_pooled():
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((10,), np.float32)
+    assert a.base is None and pool.misses == 0 and pool.pooled_bytes() == 0
+
+
+def test_buffer_is_reused_only_after_the_last_reference_goes():
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((64, 64), np.float64)
+    first = weakref.ref(_buffer(a))  # a weak reference does not keep the buffer busy
+    b = pool.empty((64, 64), np.float64)
+    assert not np.shares_memory(a, b)
+    del a
+    c = pool.empty((64, 64), np.float64)
+    assert _buffer(c) is first() and pool.hits == 1
+    assert not np.shares_memory(b, c)
+
+
+@pytest.mark.parametrize("keep", [
+    lambda a: a[::3],                       # a strided slice
+    lambda a: a.T,                          # a transposed view
+    lambda a: a.reshape(-1),                # a reshaped view
+    lambda a: memoryview(a),                # the buffer protocol
+    lambda a: np.from_dlpack(a),            # a DLPack consumer
+    lambda a: a.view(np.int32),             # a reinterpretation
+])
+def test_anything_derived_from_an_array_keeps_its_buffer_busy(keep):
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((64, 64), np.float32)
+    a[...] = 7.0
+    kept = keep(a)
+    del a
+    gc.collect()
+    b = pool.empty((64, 64), np.float32)
+    b[...] = -1.0
+    assert not np.shares_memory(np.asarray(kept), b)
+    assert (np.asarray(kept).view(np.float32) == 7.0).all()
+
+
+def test_different_sizes_and_dtypes_get_exact_sized_buffers():
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((1024,), np.float64)
+    del a
+    b = pool.empty((2048,), np.float32)  # same byte count: reused, reinterpreted
+    assert b.dtype == np.float32 and b.shape == (2048,) and pool.hits == 1
+    c = pool.empty((4096,), np.float32)  # other size: a new buffer
+    assert c.nbytes == 16384 and pool.misses == 2
+
+
+def test_zeros_clears_a_reused_buffer():
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((1000,), np.float64)
+    a[...] = np.nan
+    del a
+    z = pool.zeros((1000,), np.float64)
+    assert pool.hits == 1 and not z.any()
+
+
+def test_threads_never_share_a_live_buffer():
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    errors = []
+
+    def worker(tag: int) -> None:
+        for _ in range(300):
+            a = pool.empty((2048,), np.float32)
+            a.fill(tag)
+            for _ in range(3):  # hold it a moment while others allocate
+                pool.empty((2048,), np.float32).fill(-1)
+            if not (a == tag).all():
+                errors.append(tag)
+            del a
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and pool.hits > 0
+
+
+def test_pool_never_exceeds_max_bytes_and_release_frees_idle_buffers():
+    pool = ArrayPool(min_bytes=SMALL_MIN, max_bytes=5 * 8192)
+    live = [pool.empty((1024,), np.float64) for _ in range(8)]  # 8 x 8 KiB: only 5 fit the pool
+    assert pool.pooled_bytes() <= 5 * 8192
+    del live
+    assert pool.idle_bytes() == pool.pooled_bytes() > 0
+    pool.release()
+    assert pool.pooled_bytes() == 0 and pool.idle_bytes() == 0
+
+
+def test_numpy_kernels_write_every_element_of_a_reused_buffer():
+    # outputs of pooled kernels equal numpy's even when the buffer held other data before
+    n = HOST_POOL.min_bytes // 4  # float32 elements of one pooled buffer
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=n).astype(np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    ta, tb = pg.tensor(a), pg.tensor(b)
+    for _ in range(3):
+        for got, want in [((ta + tb).numpy(), a + b), ((ta * tb).numpy(), a * b),
+                          (ta.relu().numpy(), np.maximum(a, 0)), ((ta < tb).numpy(), a < b),
+                          ((-ta).numpy(), -a)]:
+            np.testing.assert_array_equal(got, want)
+            del got
+    assert HOST_POOL.hits > 0
+
+
+def test_an_array_the_user_holds_is_never_overwritten():
+    n = HOST_POOL.min_bytes // 4
+    x = pg.tensor(np.ones(n, dtype=np.float32))
+    held = (x * 3.0).numpy()        # the user keeps the output's array
+    for _ in range(4):               # later ops may reuse idle buffers, never this one
+        (x * 5.0).numpy()
+    assert (held == 3.0).all()
+
+
+def test_training_matches_with_the_pool_on_and_off():
+    code = """
+import numpy as np, polygrad as pg
+from polygrad import nn, optim
+pg.manual_seed(0)
+x = pg.tensor(np.random.default_rng(0).normal(size=(40_000, 64)).astype(np.float32))
+model = nn.MLP(64, [64, 4])
+opt = optim.Adam(model.parameters(), lr=0.01)
+for _ in range(3):
+    h = nn.dropout(model(x), 0.5)
+    loss = (h * h).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+from polygrad.array_pool import HOST_POOL
+print(repr(float(loss.item())), HOST_POOL.enabled, HOST_POOL.hits > 0)
+"""
+    out = {}
+    for flag in ("1", "0"):
+        env = dict(os.environ, POLYGRAD_NUMPY_POOL=flag)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+        assert res.returncode == 0, res.stderr[-2000:]
+        out[flag] = res.stdout.split()
+    assert out["1"][0] == out["0"][0]                   # identical losses
+    assert out["1"][1:] == ["True", "True"] and out["0"][1:] == ["False", "False"]
+
+
+def test_idle_buffers_are_given_back_under_an_address_space_limit():
+    # 4 idle 64 MiB buffers and 300 MiB of headroom: a 256 MiB array of another size only fits
+    # once the pool gives its idle buffers back (an allocation failure does that, then retries)
+    got = run_limited("""
+from polygrad.array_pool import ArrayPool
+pool = ArrayPool()
+def fill():
+    held = [pool.empty((8 << 20,), np.float64) for _ in range(4)]
+    del held
+    assert pool.idle_bytes() == 4 * (64 << 20)
+    big = pool.empty((32 << 20,), np.float64)
+    big.fill(1.0)
+    assert pool.idle_bytes() == 0
+case("retry", fill)
+""", headroom=420 << 20)
+    assert got["retry"]["type"] == "ok", got["retry"]
+
+
+def test_idle_buffers_count_as_available_to_the_memory_budget():
+    from polygrad.registry import registry
+    numpy_backend = registry.get("numpy")
+    n = HOST_POOL.min_bytes // 4
+    a = numpy_backend.kernels[(pg.Op.ADD, "dense")](np.ones(n, np.float32), np.ones(n, np.float32))
+    del a
+    assert HOST_POOL.idle_bytes() >= n * 4
+    assert numpy_backend.memory_available() >= n * 4
