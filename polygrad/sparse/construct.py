@@ -148,12 +148,19 @@ def sparse_coo(indices: Any, values: Any, shape: Sequence[int], dtype: Any = Non
     (shape, nnz mismatch), NonFiniteError (NaN/Inf unless ``allow_nonfinite``).
     """
     op = "sparse_coo"
+    return _coo_from_own_indices(op, "indices", _index_array(op, "indices", indices, 2), values, shape, dtype,
+                                 requires_grad, backend, layout, allow_nonfinite)
+
+
+def _coo_from_own_indices(op: str, name: str, idx: np.ndarray, values: Any, shape: Sequence[int], dtype: Any,
+                          requires_grad: bool, backend: Any, layout: str, allow_nonfinite: bool) -> Tensor:
+    """:func:`sparse_coo` on ``idx``, an index array of ours (a copy nobody else can edit)."""
     _check_layout(op, layout)
     n, m = _check_shape(op, shape)
-    idx = _index_array(op, "indices", indices, 2)
     if idx.shape[0] != 2:
-        raise SparseIndexError(f"{op}: indices must be [2, nnz] (rows, cols), got shape {idx.shape}")
-    _check_index_dtype(op, "indices", idx, max(n, m))
+        want = "[2, E]" if name == "edge_index" else "[2, nnz] (rows, cols)"
+        raise SparseIndexError(f"{op}: {name} must be {want}, got shape {idx.shape}")
+    _check_index_dtype(op, name, idx, max(n, m))
     _check_range(op, "row indices", idx[0], n)
     _check_range(op, "column indices", idx[1], m)
     be = resolve(backend) if backend is not None else None
@@ -239,16 +246,15 @@ def from_edge_index(edge_index: Any, num_nodes: int | None = None, values: Any =
     ``layout="auto"`` lets the cost model pick dense for small dense graphs.
     """
     op = "from_edge_index"
-    idx = _index_array(op, "edge_index", edge_index, 2)
+    idx = _index_array(op, "edge_index", edge_index, 2)  # our copy: built on without copying again
     if idx.shape[0] != 2:
         raise SparseIndexError(f"{op}: edge_index must be [2, E], got shape {idx.shape}")
     if num_nodes is None:
         num_nodes = int(idx.max()) + 1 if idx.size else 0
     if values is None:
         values = np.ones(idx.shape[1], dtype=as_dtype(dtype) if dtype is not None else default_float)
-    out = sparse_coo(idx, values, (num_nodes, num_nodes), dtype=dtype, requires_grad=requires_grad,
-                     backend=backend, layout="csr" if layout == "auto" else layout,
-                     allow_nonfinite=allow_nonfinite)
+    out = _coo_from_own_indices(op, "edge_index", idx, values, (num_nodes, num_nodes), dtype, requires_grad,
+                                backend, "csr" if layout == "auto" else layout, allow_nonfinite)
     if layout == "auto":
         return _finish(op, out, False, "auto")  # type: ignore[arg-type]
     return out
