@@ -104,7 +104,7 @@ def _decomposition_grads(inputs: tuple, leaves: list, outs: list, g: "Tensor") -
             grads.append(None)
             continue
         arr = np.asarray([v.grad for v in items], dtype=inp.dtype).reshape(inp.shape)
-        grads.append(inp._new(inp._be.from_numpy(arr), inp._be, arr.shape, arr.dtype))
+        grads.append(inp._from_host(arr))
     return tuple(grads)
 
 
@@ -306,14 +306,14 @@ def _seed(root: "Tensor", grad) -> "Tensor":
         if root.numel != 1:
             raise GraphError(f"backward() without a gradient needs a single-element output, got shape "
                              f"{root.shape}; pass grad= (a tensor of that shape)")
-        return root._new(be.from_numpy(np.ones(root.shape, root.dtype)), be, root.shape, root.dtype)
+        return root._from_host(np.ones(root.shape, root.dtype))
     if not isinstance(grad, TensorBase):
         try:
             host = np.asarray(be.to_numpy(grad) if be.owns(grad) else grad, dtype=root.dtype)
         except (TypeError, ValueError) as exc:
             raise DTypeError(f"backward(): cannot use a {type(grad).__name__} as the gradient of a "
                              f"{root.dtype} output: {exc}") from None
-        grad = root._new(be.from_numpy(host), be, host.shape, host.dtype)
+        grad = root._from_host(host)
     if grad.shape != root.shape:
         raise ShapeError(f"backward(): grad of shape {grad.shape} does not match the output's {root.shape}")
     return grad

@@ -38,36 +38,39 @@ class GuardedEvent:
     ``on_empty`` runs when the last implementation was disabled (the registry then stops
     firing the event at all)."""
 
-    __slots__ = ("_impls", "_on_empty", "hook")
+    __slots__ = ("_impls", "_wrappers", "_plain", "_on_empty", "hook")
 
     def __init__(self, hook: str, impls: list, on_empty: Callable[[str], None]):
         self.hook = hook
         kinds = {id(impl): "new" if getattr(impl, "wrapper", False) else
                  "old" if getattr(impl, "hookwrapper", False) else "" for impl in impls}
-        self._impls = [(impl.plugin_name, impl.function, tuple(impl.argnames), kinds[id(impl)])
-                       for impl in reversed(impls) if (impl.function, hook) not in _disabled]
+        self._set([(impl.plugin_name, impl.function, tuple(impl.argnames), kinds[id(impl)])
+                   for impl in reversed(impls) if (impl.function, hook) not in _disabled])
         self._on_empty = on_empty
+
+    def _set(self, impls: list) -> None:
+        # split once here, not on every event: wrappers open first and close last
+        self._impls = impls
+        self._wrappers = [e for e in impls if e[3]]
+        self._plain = [e for e in impls if not e[3]]
 
     def __bool__(self) -> bool:
         return bool(self._impls)
 
     def __call__(self, **kwargs: Any) -> None:
-        impls = self._impls
         opened = []
-        for entry in impls:  # wrappers: up to their yield
-            if entry[3]:
-                try:
-                    gen = entry[1](*[kwargs[a] for a in entry[2]])
-                    next(gen)
-                    opened.append((entry, gen))
-                except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
-                    self._disable(entry, exc)
-        for entry in impls:
-            if not entry[3]:
-                try:
-                    entry[1](*[kwargs[a] for a in entry[2]])
-                except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
-                    self._disable(entry, exc)
+        for entry in self._wrappers:  # wrappers: up to their yield
+            try:
+                gen = entry[1](*[kwargs[a] for a in entry[2]])
+                next(gen)
+                opened.append((entry, gen))
+            except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
+                self._disable(entry, exc)
+        for entry in self._plain:
+            try:
+                entry[1](*[kwargs[a] for a in entry[2]])
+            except Exception as exc:  # noqa: BLE001 - a listener must never break the computation
+                self._disable(entry, exc)
         for entry, gen in reversed(opened):  # wrappers: after their yield
             try:
                 gen.send(None if entry[3] == "new" else pluggy.Result(None, None))
@@ -81,8 +84,8 @@ class GuardedEvent:
         with _lock:
             if entry not in self._impls:  # another thread disabled it first
                 return
-            # copy-on-write: a concurrent __call__ keeps iterating its own list
-            self._impls = [e for e in self._impls if e is not entry]
+            # copy-on-write: a concurrent __call__ keeps iterating its own lists
+            self._set([e for e in self._impls if e is not entry])
             hook_failures[f"{name}/{self.hook}"] = f"{type(exc).__name__}: {exc}"
             _disabled.add((entry[1], self.hook))
             empty = not self._impls

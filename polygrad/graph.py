@@ -34,6 +34,11 @@ class TensorBase:
     _node: Node | None  # the op that produced this tensor; None for a leaf
     name: str | None
 
+    def _from_host(self, host: np.ndarray) -> Any:
+        """``host`` (a numpy array) as a plain dense tensor on this tensor's backend."""
+        be = self._be
+        return self._new(be.from_numpy(host), be, host.shape, host.dtype)
+
 
 class Node:
     """op, its inputs (a tuple, in order), attrs, the layout its kernel ran in.

@@ -167,17 +167,11 @@ class MessagePassing(Module):
     def _spmm(self, x: Tensor, pattern: Pattern, edge_weight: Tensor | None) -> Tensor:
         dtype = x.dtype if x.dtype.kind == "f" else np.dtype("float64")
         if edge_weight is None:
-            if self.aggr == "mean":
-                deg = np.diff(pattern.indptr)
-                w = (1.0 / np.maximum(deg, 1))[pattern.rows]
-            else:
-                w = np.ones(pattern.nnz)
-            weights = tensor(w.astype(dtype), backend=x.backend)
+            weights = _edge_weights(pattern, self.aggr == "mean", dtype, x.backend)
         else:
             weights = edge_weight
             if self.aggr == "mean":
-                inv = 1.0 / np.maximum(np.diff(pattern.indptr), 1)
-                weights = weights * tensor(inv[pattern.rows].astype(dtype), backend=x.backend)
+                weights = weights * _edge_weights(pattern, True, dtype, x.backend)
         if is_sparse(x):
             x = x.to_dense()  # sparse @ sparse features: propagate after the linear map instead (SAGEConv does)
         return spmm(weights, x, pattern)
@@ -200,3 +194,13 @@ class MessagePassing(Module):
             elif params[name].default is inspect.Parameter.empty:
                 raise TypeError(f"{type(self).__name__}.message needs {name!r}, which propagate() was not given")
         return args
+
+
+def _edge_weights(pattern: Pattern, mean: bool, dtype: Any, backend: Any) -> Tensor:
+    """Per-edge weights of an unweighted aggregation: 1 / in-degree of the edge's row for a mean,
+    else ones; a constant of the graph, made once per pattern, dtype and backend (not per call)."""
+    def make(p: Pattern) -> Tensor:
+        w = (1.0 / np.maximum(np.diff(p.indptr), 1))[p.rows] if mean else np.ones(p.nnz)
+        return tensor(w.astype(dtype), backend=backend)
+
+    return pattern.derived(("message_passing.weights", mean, np.dtype(dtype).str, str(backend)), make)

@@ -347,3 +347,15 @@ def test_demos_run_and_print_the_gcn_json_fields(argv, capsys):
     for key in ("demo", "test_accuracy", "epochs", "epoch_time_ms", "peak_rss_mb", "backend", "runs", "seeds"):
         assert key in result
     assert result["demo"] == argv[0] and 0.0 <= result["test_accuracy"] <= 1.0
+
+
+def test_mean_aggregation_weights_are_made_once_per_graph_and_are_right():
+    from polygrad.nn import message_passing as mp
+    from polygrad.pattern import Pattern
+
+    p = Pattern.from_sorted((3, 3), np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 2, 0, 1, 2]))
+    first = mp._edge_weights(p, True, np.dtype(np.float64), "numpy")
+    assert mp._edge_weights(p, True, np.dtype(np.float64), "numpy") is first  # cached on the pattern
+    np.testing.assert_allclose(first.numpy(), [0.5, 0.5, 1.0, 1 / 3, 1 / 3, 1 / 3])
+    ones = mp._edge_weights(p, False, np.dtype(np.float32), "numpy")
+    assert ones is not first and ones.dtype == np.float32 and (ones.numpy() == 1).all()
