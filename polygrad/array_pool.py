@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,17 @@ __all__ = ["ArrayPool", "HOST_POOL", "refcounts_are_exact"]
 
 #: arrays smaller than this are allocated directly: malloc recycles small blocks itself
 MIN_BYTES = 8 << 20
+_POOLS: "weakref.WeakSet[ArrayPool]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # a child forked while another thread held a pool's lock would wait on it forever
+    for pool in list(_POOLS):
+        pool._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def refcounts_are_exact() -> bool:
@@ -45,13 +57,23 @@ def refcounts_are_exact() -> bool:
     return gil is None or bool(gil())
 
 
-def _idle_refcount() -> int:
-    """``sys.getrefcount(buf)`` of a buffer referenced only by the pool's list, as seen from
-    inside :meth:`ArrayPool._take`'s loop (measured, not assumed: it differs between versions)."""
-    probe = [np.empty(1, dtype=np.uint8)]
-    for buf in probe:
+def _count_in_loop(buffers: list) -> int:
+    """``sys.getrefcount`` of the first buffer, seen from a loop like the pool's own searches."""
+    for buf in buffers:
         return sys.getrefcount(buf)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _idle_refcount() -> int | None:
+    """``sys.getrefcount(buf)`` of a buffer referenced only by the pool's list, as seen from inside
+    the pool's loops (measured, not assumed: it differs between versions); None when a reference
+    held elsewhere does not show in the count (then the pool cannot tell, and stays off)."""
+    probe = [np.empty(1, dtype=np.uint8)]
+    idle = _count_in_loop(probe)
+    held = probe[0][:]  # a view: one more reference to the buffer
+    busy = _count_in_loop(probe)
+    del held
+    return idle if busy == idle + 1 else None
 
 
 class ArrayPool:
@@ -60,12 +82,14 @@ class ArrayPool:
     def __init__(self, min_bytes: int = MIN_BYTES, max_bytes: int | None = None, enabled: bool | None = None):
         self.min_bytes = int(min_bytes)
         self.max_bytes = int(max_bytes if max_bytes is not None else psutil.virtual_memory().total // 4)
+        idle_refs = _idle_refcount() if refcounts_are_exact() else None
         if enabled is None:
-            enabled = refcounts_are_exact() and os.environ.get("POLYGRAD_NUMPY_POOL", "1") != "0"
-        self.enabled = bool(enabled)
+            enabled = os.environ.get("POLYGRAD_NUMPY_POOL", "1") != "0"
+        self.enabled = bool(enabled) and idle_refs is not None
+        self._idle_refs = idle_refs if idle_refs is not None else -1
         self._buffers: list[np.ndarray] = []
         self._lock = threading.Lock()
-        self._idle_refs = _idle_refcount()
+        _POOLS.add(self)
         self.hits = 0
         self.misses = 0
 

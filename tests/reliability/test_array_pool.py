@@ -196,3 +196,42 @@ def test_idle_buffers_count_as_available_to_the_memory_budget():
     del a
     assert HOST_POOL.idle_bytes() >= n * 4
     assert numpy_backend.memory_available() >= n * 4
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_holds_the_lock_can_allocate():
+    import time
+    import warnings
+
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pool._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: the lock it inherited is held by a thread that does not exist here
+        try:
+            pool.empty((4096,), np.float64)
+            os._exit(0)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child deadlocked on the pool's lock")
