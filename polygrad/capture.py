@@ -431,6 +431,21 @@ class _HostFailed(Exception):
         self.exc = exc
 
 
+def _small(kernel: Callable, size: int) -> Callable:
+    """``kernel``'s variant for outputs of fewer than ``size`` elements, if it declares one.
+
+    A kernel may carry ``polygrad_small = (kernel, small, max_elements)``: for outputs of fewer
+    than ``max_elements`` elements ``small(*args)`` returns what ``kernel(*args)`` does, without
+    its checks for large outputs (the numpy backend's pooled ufuncs: the raw ufunc).  Honoured only
+    when the tuple names ``kernel`` itself, so a wrapper that copied the attribute along with the
+    function's ``__dict__`` (``functools.wraps``), e.g. an injected fault, is called as it is.
+    """
+    declared = getattr(kernel, "polygrad_small", None)
+    if declared is not None and declared[0] is kernel and declared[2] >= size:
+        return declared[1]
+    return kernel
+
+
 def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
     """The program as one Python function: a line per entry, buffers as local variables that are
     deleted after their last use.  This is what makes a replay cheap (no loop, no dispatch on the
@@ -447,11 +462,12 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
             stepped = True
         elif stepped and e[0] in (_KERNEL, _FUSED):
             return None
-    env: dict[str, Any] = {"MAKE": Tensor._make, "WRAP": SparseTensor._wrap, "HostFailed": _HostFailed,
+    env: dict[str, Any] = {"MAKE": Tensor._make, "WRAP": SparseTensor._wrap, "HostFailed": _HostFailed, "SMALL": _small,
                            "RESULT": _result, "SPEC": cap.spec, "META": cap.meta, "Mismatch": _ShapeMismatch}
     body: list[list[str]] = []      # the lines of each entry
     reads: list[list[int]] = []     # the slots each entry reads
     tables: dict[tuple, str] = {}   # (vjp?, backend name, key) -> local name of the kernel
+    small: dict[str, int] = {}      # local name of a kernel -> the output size its small variant serves
 
     def const(value: Any) -> str:
         name = f"C{len(env)}"
@@ -463,6 +479,16 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
         if ident not in tables:
             tables[ident] = f"k{len(tables)}"
         return tables[ident]
+
+    def small_kernel(be, key: tuple, shape: tuple) -> str:
+        """The kernel's small-output variant for a call site whose output has fewer elements than
+        the kernel declares (``polygrad_small``, see :func:`_small`), else the kernel itself."""
+        name = kernel(False, be, key)
+        declared = getattr(registry.tables.get(be.name, {}).get(key), "polygrad_small", None)
+        if declared is None or int(np.prod(shape, dtype=np.int64)) >= declared[2]:
+            return name
+        small[name] = declared[2]
+        return f"{name}s"
 
     def shape_check(var: str, be, shape: tuple) -> str:
         default = type(be).shape is _default_shape
@@ -497,7 +523,8 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
         used: list[int] = []
         if kind == _KERNEL:
             _, be, key, ins, attrs, out, shape = e
-            lines = [f"b{out} = {kernel(False, be, key)}({call_args(ins, attrs)})", shape_check(f"b{out}", be, shape)]
+            lines = [f"b{out} = {small_kernel(be, key, shape)}({call_args(ins, attrs)})",
+                     shape_check(f"b{out}", be, shape)]
             used = list(ins)
         elif kind == _FUSED:
             _, be, key, ins, kwargs, outs = e
@@ -537,6 +564,8 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
     src = ["def replay(flat, tables, vjp_tables):"]
     for (fused, name, key), local in tables.items():
         src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
+        if local in small:
+            src.append(f"    {local}s = SMALL({local}, {small[local]})")
     for n, lines in enumerate(body):
         src += [f"    {line}" for line in lines]
         if n in dies:

@@ -52,8 +52,8 @@ def test_sparsetools_indices_at_the_int32_boundary_convert():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape, axes", [((2708, 16), (0,)), ((7, 5, 3), (0, 1)), ((7, 5, 3), (0,)),
-                                         ((1, 4), (0,)), ((300, 1), (0,))])
+@pytest.mark.parametrize("shape, axes", [((2708, 16), (0,)), ((64, 32, 8), (0, 1)), ((64, 32, 8), (0,)),
+                                         ((9000, 1), (0,)), ((7, 5, 3), (0, 1)), ((1, 4), (0,))])
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_leading_axes_sum_matches_numpy(dtype, shape, axes, keepdims):
     x = np.random.default_rng(1).normal(size=shape).astype(dtype)
@@ -78,7 +78,8 @@ def test_leading_axes_sum_other_cases_fall_back_exactly(x, axes):
 
 
 def test_leading_axes_sum_propagates_nan_and_inf():
-    x = np.array([[np.nan, 1.0, np.inf], [1.0, 2.0, -np.inf], [0.0, 3.0, 1.0]], dtype=np.float32)
+    x = np.zeros((3000, 3), dtype=np.float32)  # large enough for the BLAS path
+    x[:3] = [[np.nan, 1.0, np.inf], [1.0, 2.0, -np.inf], [0.0, 3.0, 1.0]]
     with np.errstate(invalid="ignore"):
         got = _kernel(Op.SUM)(x, axes=(0,), keepdims=False)
     assert np.isnan(got[0]) and got[1] == 6.0 and np.isnan(got[2])
@@ -119,3 +120,23 @@ def test_numpy_spmm_runs_on_the_int32_copies(monkeypatch):
     np.testing.assert_allclose(out, dense @ x, rtol=1e-5, atol=1e-5)
     if _kernel(Op.SPMM, "csr").__module__ == nb.__name__:  # not overridden by some plugin
         assert seen == [(np.int32, np.int32)]
+
+
+@pytest.mark.parametrize("x, shape", [
+    (np.asarray(1.5), (4, 3)), (np.arange(3.0), (2, 3)), (np.arange(3.0).reshape(3, 1), (3, 5)),
+    (np.arange(6.0).reshape(2, 3), (2, 3)), (np.arange(6.0).reshape(2, 3), (4, 2, 3)),
+    (np.arange(12.0).reshape(3, 4)[:, ::2], (2, 3, 2)),          # non-contiguous: np.broadcast_to
+    (np.arange(3.0), (0, 3)), (np.ones((1, 1), dtype=np.float32), (1, 0)),
+])
+def test_expand_is_np_broadcast_to(x, shape):
+    got, want = _kernel(Op.EXPAND)(x, shape=shape), np.broadcast_to(x, shape)
+    assert got.shape == want.shape and got.dtype == want.dtype and not got.flags.writeable
+    np.testing.assert_array_equal(got, want)
+    assert np.shares_memory(got, x) or got.size == 0
+
+
+@pytest.mark.parametrize("x, shape", [(np.arange(3.0), (2, 4)), (np.arange(6.0).reshape(2, 3), (3,)),
+                                      (np.arange(6.0).reshape(2, 3), (3, 3))])
+def test_expand_refuses_what_np_broadcast_to_refuses(x, shape):
+    with pytest.raises(ValueError):
+        _kernel(Op.EXPAND)(x, shape=shape)

@@ -191,3 +191,62 @@ def test_dropout_replay_draws_equal_eager_in_both_replay_paths(generated, monkey
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, want)
     assert f.stats["replays"] == 4
+
+
+# -- small-output variants of kernels (polygrad_small) -----------------------------------------------
+
+def test_replay_calls_a_declared_small_variant_only_at_small_call_sites(monkeypatch):
+    from polygrad.registry import registry
+
+    registry.load()
+    kernel = registry.tables["numpy"][(pg.Op.ADD, "dense")]
+    assert kernel.polygrad_small[0] is kernel  # the numpy backend's pooled ufuncs declare one
+    seen = []
+
+    def small(a, b):
+        seen.append(a.shape)
+        return np.add(a, b)
+
+    monkeypatch.setattr(kernel, "polygrad_small", (kernel, small, 100))
+    step = pg.compile(lambda x: (x + x).sum())
+    for n in (10, 500):
+        x = pg.tensor(np.arange(n, dtype=np.float64))
+        for _ in range(5):
+            np.testing.assert_allclose(step(x).item(), 2 * np.arange(n).sum())
+    assert step.stats["replays"] >= 4
+    assert seen and set(seen) == {(10,)}  # never for the 500-element output
+
+
+def test_small_variant_not_honoured_for_a_wrapper_that_copied_it():
+    import functools
+
+    from polygrad.capture import _small
+
+    def kernel(a, b):
+        return a + b
+
+    def small(a, b):
+        return a - b
+
+    kernel.polygrad_small = (kernel, small, 100)  # type: ignore[attr-defined]
+
+    @functools.wraps(kernel)  # copies __dict__, polygrad_small included
+    def wrapper(a, b):
+        return kernel(a, b) * 10
+
+    assert _small(kernel, 50) is small
+    assert _small(kernel, 500) is kernel      # the call site's output is too large for it
+    assert _small(wrapper, 50) is wrapper     # names another function: the wrapper runs
+
+
+def test_fault_in_a_replayed_kernel_with_a_small_variant_is_still_seen():
+    step = pg.compile(lambda x: (x * x).sum())
+    x = pg.tensor(np.arange(6, dtype=np.float64))
+    for _ in range(4):
+        step(x)
+    replays = step.stats["replays"]
+    with pytest.warns(pg.errors.FallbackWarning):
+        with inject_fault("numpy", "mul", mode="raise") as fault:
+            assert step(x).item() == 55.0  # the call ran eagerly, through the fallback
+    assert fault.triggered >= 1            # the replay called the faulty kernel, not the small variant
+    assert step.stats["dropped"] == 1 and step.stats["replays"] == replays
