@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import psutil
 
+from . import sharing
+
 __all__ = ["ArrayPool", "HOST_POOL", "refcounts_are_exact"]
 
 #: arrays smaller than this are allocated directly: malloc recycles small blocks itself
@@ -122,6 +124,7 @@ class ArrayPool:
         found = self._find_idle(nbytes)
         if found is not None:
             self.hits += 1
+            sharing.forget(found)  # whoever it was handed out to (t.numpy(), DLPack) is gone
             return found
         self.misses += 1
         if self.pooled_bytes() + nbytes > self.max_bytes:

@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["exported", "is_shared", "mark_shared"]
+__all__ = ["exported", "forget", "is_shared", "mark_shared"]
 
 # id(root) -> root, dropped when the root dies (arrays are unhashable, so no WeakSet)
 _shared: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -41,6 +41,14 @@ def mark_shared(array: Any) -> None:
             _shared[id(root)] = root
         except TypeError:  # no weakref support: such arrays (the scalar backend's) are never
             pass           # handed out by reference, only copied
+
+
+def forget(root: Any) -> None:
+    """Unmark a memory root whose every previous user is gone (``polygrad.array_pool`` reusing a
+    buffer nothing references): what it holds next is new, unshared storage."""
+    with _lock:
+        if _shared.get(id(root)) is root:
+            del _shared[id(root)]
 
 
 def exported(storage: Any, handed_out: Any) -> None:

@@ -235,3 +235,15 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_allocate():
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked child deadlocked on the pool's lock")
+
+
+def test_a_reused_buffer_is_no_longer_marked_shared():
+    from polygrad import sharing
+
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((1024,), np.float64)
+    sharing.mark_shared(a)            # e.g. handed out by t.numpy()
+    assert sharing.is_shared(a)
+    del a
+    b = pool.empty((1024,), np.float64)
+    assert pool.hits == 1 and not sharing.is_shared(b)
