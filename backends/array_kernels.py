@@ -95,6 +95,11 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
             rows = idx[0]
             if shape[0] and rows.shape[0] and int(rows.min()) < 0:
                 rows = rows % shape[0]  # negative indices count from the end (checked by inference)
+            if rows.shape[0] < 2 or bool((rows[1:] > rows[:-1]).all()):
+                # distinct rows (sorted, as a mask's are): each is written once. ``+ 0`` gives what
+                # a sum from zero does (-0.0 becomes +0.0), bit for bit; 3 us against 15 us at 140 x 7
+                out[rows] = src + xp.zeros((), dtype=src.dtype)
+                return out
             width = 1
             for n in shape[1:]:
                 width *= n

@@ -30,6 +30,12 @@ Adam's step counter stay right).  What is frozen at capture: Python control flow
 and host (numpy) data the step turns into tensors itself -- pass data that changes as arguments.
 The tensors a replay returns carry no autodiff graph: call ``backward()`` inside the step.
 
+Rewrites: a capture's program may be changed where the result is bit for bit the same.  Rows
+gathered from an SpMM's output (``logits[train_mask]`` after ``A @ (H W) + b``) are computed
+alone, forward and in the fused backward (:func:`_push_row_gathers`: on Cora 140 of 2708 rows); and
+a kernel that declares a small-output variant (``polygrad_small``) is called through it at call
+sites whose output is small.
+
 Guards (any change captures again, a bounded LRU cache of captures per function): argument
 structure, shapes, dtypes, layouts, sparsity patterns (by identity), backends and
 ``requires_grad`` flags; Python scalars among the arguments (by value); grad mode; the default
@@ -75,7 +81,7 @@ import numpy as np
 from .config import config
 from .dispatch import _recording, fallback, is_grad_enabled, registry, validate_against_reference
 from .errors import PolygradError
-from .ops import kernel_key
+from .ops import Op, kernel_key
 from .backend import Backend
 from .registry import get_backend
 from .pattern import Pattern
@@ -89,7 +95,7 @@ _default_shape = Backend.shape
 MAX_GENERATED = 20_000
 
 # program entries: tuples whose first item says what to do
-_LOAD, _ARG, _GRAD, _KERNEL, _FUSED, _FRESH, _HOST, _SET_GRAD, _SET_DATA, _BACKWARD = range(10)
+_LOAD, _ARG, _GRAD, _KERNEL, _FUSED, _FRESH, _HOST, _SET_GRAD, _SET_DATA, _BACKWARD, _ASSERT_FINITE = range(11)
 
 
 class CompileError(PolygradError, TypeError):
@@ -321,8 +327,7 @@ class _Capture:
     """A recorded step: the program, each slot's (backend, shape, dtype), the result's layout."""
 
     def __init__(self, program: list, meta: list, spec: tuple, grad_guard: list, fresh_draws: bool):
-        self.program = program
-        self.meta = meta
+        self.program, self.meta = _push_row_gathers(program, meta, spec)
         self.spec = spec
         self.grad_guard = grad_guard
         self.fresh_draws = fresh_draws
@@ -386,6 +391,165 @@ def _mismatch(a: _Capture, b: _Capture) -> str | None:
         elif x[0] in (_SET_GRAD, _SET_DATA, _GRAD) and x[1] is not y[1] and x[1] != y[1]:
             return "the step wrote gradients or storage of different tensors when captured twice"
     return None
+
+
+# -- rewrites ----------------------------------------------------------------------------------------
+
+def _value_slots(value: tuple, out: list) -> None:
+    if value[0] == 1:
+        out.append(value[1])
+    elif value[0] == 3:
+        _value_slots(value[2], out)
+
+
+def _reads(e: tuple) -> list[int]:
+    """The slots a program entry reads."""
+    kind = e[0]
+    if kind in (_KERNEL, _FUSED):
+        return list(e[3])
+    if kind in (_SET_DATA,):
+        return [e[2]]
+    if kind == _ASSERT_FINITE:
+        return [e[1]]
+    out: list[int] = []
+    if kind == _SET_GRAD:
+        _value_slots(e[2], out)
+    elif kind == _BACKWARD:
+        for _, value in e[2]:
+            _value_slots(value, out)
+    return out
+
+
+def _dataflow(program: list) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """(slot -> the entries reading it, slot -> the entry producing it)."""
+    readers: dict[int, list[int]] = {}
+    producer: dict[int, int] = {}
+    for n, e in enumerate(program):
+        for slot in _reads(e):
+            readers.setdefault(slot, []).append(n)
+        if e[0] == _KERNEL:
+            producer[e[5]] = n
+        elif e[0] == _FUSED:
+            for slot in e[5]:
+                if slot >= 0:
+                    producer[slot] = n
+        elif e[0] in (_LOAD, _ARG, _GRAD, _FRESH):
+            producer[e[1]] = n
+    return readers, producer
+
+
+def _push_row_gathers(program: list, meta: list, spec: tuple) -> tuple[list, list]:
+    """Compute only the rows a step reads of an SpMM's output.
+
+    Semi-supervised node classification computes ``A @ (H W) + b`` for every node and then reads
+    the rows of its training nodes (``logits[mask]``): on Cora 140 of 2708.  Where a captured step
+    does exactly that -- an SpMM, optionally a row-vector add, then a gather of sorted, distinct
+    rows, with no other use of the intermediates -- the replay multiplies only those rows of ``A``
+    (``Pattern.take_rows``, cached per graph and rows) and, in the fused backward, ``dX = Aᵀ dY``
+    from those rows' gradients alone instead of the scattered full one (which is zero elsewhere).
+    The numbers are bit for bit the eager ones: each kept row is summed in the same order, and the
+    skipped terms of the backward are exact zeros (``x + 0.0 == x`` for the accumulators, which
+    start at +0.0), unless ``A`` holds an infinity or NaN (``inf * 0``): a check of ``A``'s values
+    each replay makes such a replay a fault, and the call runs eagerly.
+    """
+    results = _result_slots(spec)
+    program, meta = list(program), list(meta)
+    done: set[int] = set()
+    while True:
+        readers, producer = _dataflow(program)
+        for n, e in enumerate(program):
+            if n in done or e[0] != _KERNEL or e[2] != (Op.GETITEM, "dense"):
+                continue
+            plan = _row_gather_plan(program, meta, readers, producer, results, n)
+            if plan is not None:
+                program, meta, done = _apply_row_gather(program, meta, plan, done)
+                break
+        else:
+            return program, meta
+
+
+def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, results: set,
+                     n: int) -> dict | None:
+    e = program[n]
+    index = e[4].get("index")
+    if not (isinstance(index, tuple) and len(index) == 1 and isinstance(index[0], np.ndarray)):
+        return None
+    rows = index[0]
+    a = e[3][0]
+    be, shape, dtype = meta[a]
+    if len(shape) != 2 or rows.ndim != 1 or rows.dtype.kind not in "iu" or not 0 < 2 * rows.shape[0] <= shape[0]:
+        return None
+    if not (rows[0] >= 0 and rows[-1] < shape[0] and bool((rows[1:] > rows[:-1]).all())):
+        return None  # sorted and distinct: each kept row, and the backward, keep eager's order
+    if readers.get(a) != [n] or a in results:
+        return None
+    add = producer.get(a)
+    s = a
+    if add is not None and program[add][0] == _KERNEL and program[add][2] == (Op.ADD, "dense"):
+        s, bias = program[add][3]
+        if meta[bias][1] != (shape[1],) or meta[s][1] != shape or readers.get(s) != [add] or s in results:
+            return None
+    else:
+        add = None
+    mm = producer.get(s)
+    if mm is None or program[mm][0] != _KERNEL or program[mm][2] != (Op.SPMM, "csr"):
+        return None
+    pattern = program[mm][4].get("pattern")
+    if not isinstance(pattern, Pattern) or pattern.shape[0] != shape[0] or meta[s][1] != shape:
+        return None
+    values, x = program[mm][3]
+    vjp = None  # the fused backward reading the gradient that index_add scatters back
+    for k, f in enumerate(program):
+        if (f[0] == _KERNEL and f[2] == (Op.INDEX_ADD, "dense") and f[4].get("shape") == shape
+                and _same(f[4].get("index"), index)):
+            for r in readers.get(f[5], []):
+                g = program[r]
+                if (g[0] == _FUSED and g[2] == (Op.SPMM, "csr") and g[3] == (f[5], values, x)
+                        and g[4].get("pattern") is pattern and not g[4].get("needs", (True,))[0]):
+                    vjp = (r, f[3][0])
+    return {"getitem": n, "add": add, "spmm": mm, "rows": rows, "pattern": pattern, "values": values,
+            "x": x, "s": s, "a": a, "vjp": vjp}
+
+
+def _apply_row_gather(program: list, meta: list, plan: dict, done: set) -> tuple[list, list, set]:
+    sub, positions = plan["pattern"].take_rows(plan["rows"])
+    k, width = plan["rows"].shape[0], meta[plan["a"]][1][1]
+    vbe, _, vdtype = meta[plan["values"]]
+    sub_values = len(meta)
+    meta.append((vbe, (positions.shape[0],), vdtype))
+    mm = program[plan["spmm"]]
+    be, _, dtype = meta[plan["s"]]
+    meta[plan["s"]] = (be, (k, width), dtype)
+    program[plan["spmm"]] = (_KERNEL, mm[1], mm[2], (sub_values, plan["x"]), {**mm[4], "pattern": sub},
+                             plan["s"], (k, width))
+    if plan["add"] is not None:
+        add = program[plan["add"]]
+        meta[plan["a"]] = (be, (k, width), dtype)
+        program[plan["add"]] = (*add[:6], (k, width))
+    g = program[plan["getitem"]]  # the gather is now the identity: a view, for the slot's readers
+    program[plan["getitem"]] = (_KERNEL, g[1], (Op.RESHAPE, "dense"), (plan["a"],), {"shape": (k, width)},
+                                g[5], (k, width))
+    before: list[tuple] = [(_KERNEL, vbe, (Op.GETITEM, "dense"), (plan["values"],), {"index": (positions,)},
+                            sub_values, (positions.shape[0],))]
+    if plan["vjp"] is not None:
+        r, grad_rows = plan["vjp"]
+        f = program[r]
+        program[r] = (_FUSED, f[1], f[2], (grad_rows, sub_values, plan["x"]), {**f[4], "pattern": sub}, f[5])
+        before.insert(0, (_ASSERT_FINITE, plan["values"]))  # inf * 0 in the skipped terms: eager's NaN
+    at = plan["spmm"]
+    program = program[:at] + before + program[at:]
+    shifted = {i + len(before) if i >= at else i for i in done}
+    return program, meta, shifted | {plan["getitem"] + len(before)}
+
+
+class _NotFinite(Exception):
+    def __init__(self) -> None:
+        super().__init__("a rewritten replay met a non-finite sparse value (the eager step gives NaN there)")
+
+
+def _all_finite(array: Any) -> bool:
+    xp = array.__array_namespace__() if hasattr(array, "__array_namespace__") else np
+    return bool(xp.isfinite(array).all())
 
 
 # -- replay -------------------------------------------------------------------------------------------
@@ -463,6 +627,7 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
         elif stepped and e[0] in (_KERNEL, _FUSED):
             return None
     env: dict[str, Any] = {"MAKE": Tensor._make, "WRAP": SparseTensor._wrap, "HostFailed": _HostFailed, "SMALL": _small,
+                           "FINITE": _all_finite, "NotFinite": _NotFinite,
                            "RESULT": _result, "SPEC": cap.spec, "META": cap.meta, "Mismatch": _ShapeMismatch}
     body: list[list[str]] = []      # the lines of each entry
     reads: list[list[int]] = []     # the slots each entry reads
@@ -549,6 +714,9 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
         elif kind == _SET_DATA:
             lines = [f"{target(e[1])}._data = b{e[2]}"]
             used = [e[2]]
+        elif kind == _ASSERT_FINITE:
+            lines = [f"if not FINITE(b{e[1]}): raise NotFinite()"]
+            used = [e[1]]
         # _BACKWARD only fires an event: the generated path runs only while no one listens
         body.append(lines)
         reads.append(used)
@@ -622,6 +790,9 @@ def _replay(cap: _Capture, flat: list) -> Any:
                 _check(e, buf, cap.meta, events)
         elif kind == _LOAD:
             buf[e[1]] = e[2]._data
+        elif kind == _ASSERT_FINITE:
+            if not _all_finite(buf[e[1]]):
+                raise _ReplayFault(_NotFinite(), after_step)
         elif kind == _ARG:
             buf[e[1]] = flat[e[2]]._data
         elif kind == _FUSED:

@@ -160,6 +160,28 @@ class Pattern:
         twin._transpose, twin._device = self._transpose, self._device
         return twin
 
+    def take_rows(self, rows: np.ndarray) -> tuple["Pattern", np.ndarray]:
+        """(pattern of the rows ``rows`` of this matrix, in that order; the positions of their
+        nonzeros here), so ``values[positions]`` are the submatrix's values.  Cached per content of
+        ``rows`` (a captured step asks for the same rows on every capture)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        key = ("take_rows", rows.shape[0], hash(rows.tobytes()))
+        cached = self._device.get(key)
+        if cached is not None and np.array_equal(cached[0], rows):
+            return cached[1], cached[2]
+        starts = self.indptr[rows]
+        lengths = self.indptr[rows + 1] - starts
+        indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        positions = np.arange(int(indptr[-1]), dtype=np.int64) + np.repeat(starts - indptr[:-1], lengths)
+        sub = Pattern((rows.shape[0], self.shape[1]), indptr, self.cols[positions], self.layout)
+        positions.flags.writeable = False
+        rows = rows.copy()
+        rows.flags.writeable = False
+        if cached is None:
+            self._device[key] = (rows, sub, positions)
+        return sub, positions
+
     def transpose(self) -> tuple["Pattern", np.ndarray]:
         """(pattern of Aᵀ, perm) with ``values_T = values[perm]``; computed once, then cached."""
         if self._transpose is None:

@@ -250,3 +250,79 @@ def test_fault_in_a_replayed_kernel_with_a_small_variant_is_still_seen():
             assert step(x).item() == 55.0  # the call ran eagerly, through the fallback
     assert fault.triggered >= 1            # the replay called the faulty kernel, not the small variant
     assert step.stats["dropped"] == 1 and step.stats["replays"] == replays
+
+
+# -- row-gather pushdown (capture._push_row_gathers) -------------------------------------------------
+
+def _row_gather_case(rows, values=None, return_logits=False, seed=0):
+    rng = np.random.default_rng(seed)
+    n, f = 40, 3
+    ei = rng.integers(0, n, (2, 160))
+    vals = rng.uniform(0.5, 1.5, 160) if values is None else values
+    a = pg.from_edge_index(ei, n, values=vals, dtype=pg.float64, allow_nonfinite=True)
+    x = pg.tensor(rng.normal(size=(n, f)))
+    w = pg.tensor(rng.normal(size=(f, 4)), requires_grad=True)
+    b = pg.tensor(rng.normal(size=4), requires_grad=True)
+    y = pg.tensor(rng.integers(0, 4, len(rows)))
+    opt = optim.SGD([w, b], lr=0.1)
+
+    def step():
+        opt.zero_grad()
+        logits = a @ (x @ w) + b
+        loss = nn.cross_entropy(logits[np.asarray(rows)], y)
+        loss.backward()
+        opt.step()
+        return (loss, logits) if return_logits else loss
+
+    return step, (w, b)
+
+
+def _program_rows(compiled) -> set:
+    """Row counts of the SpMM patterns in the compiled function's captures."""
+    from polygrad import capture
+    seen = set()
+    for entry in compiled._cache.values():
+        if entry.capture is not None:
+            for e in entry.capture.program:
+                if e[0] == capture._KERNEL and e[2][0] == pg.Op.SPMM:
+                    seen.add(e[4]["pattern"].shape[0])
+    return seen
+
+
+def _run_both(rows, steps=6, **kw):
+    eager_step, eager_params = _row_gather_case(rows, **kw)
+    step, params = _row_gather_case(rows, **kw)
+    compiled = pg.compile(step)
+    for _ in range(steps):
+        want, got = eager_step(), compiled()
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        for u, v in zip(want, got):
+            np.testing.assert_array_equal(u.numpy(), v.numpy())
+    for u, v in zip(eager_params, params):
+        np.testing.assert_array_equal(u.numpy(), v.numpy())  # bit for bit, NaN where eager has NaN
+    return compiled
+
+
+def test_rows_gathered_from_an_spmm_are_computed_alone_bit_for_bit():
+    compiled = _run_both([1, 5, 7, 20, 33])
+    assert compiled.stats["replays"] >= 3
+    assert _program_rows(compiled) == {5}  # the SpMM of the replay multiplies those 5 rows only
+
+
+@pytest.mark.parametrize("rows", [[5, 1, 7], [1, 1, 7], list(range(30))])
+def test_row_gathers_that_would_change_the_order_or_gain_nothing_are_left_alone(rows):
+    compiled = _run_both(rows)
+    assert compiled.stats["replays"] >= 3 and _program_rows(compiled) == {40}
+
+
+def test_row_gather_left_alone_when_the_full_output_is_used():
+    compiled = _run_both([1, 5, 7], return_logits=True)
+    assert compiled.stats["replays"] >= 3 and _program_rows(compiled) == {40}
+
+
+def test_non_finite_sparse_values_make_the_rewritten_replay_run_eagerly():
+    vals = np.random.default_rng(4).uniform(0.5, 1.5, 160)
+    vals[3] = np.inf  # eager's backward multiplies it by an exact zero: NaN gradients
+    with np.errstate(invalid="ignore", over="ignore"):
+        compiled = _run_both([1, 5, 7], values=vals, steps=5)
+    assert compiled.stats["dropped"] >= 1  # the replay's check refused, the call ran eagerly
