@@ -548,8 +548,10 @@ class _NotFinite(Exception):
 
 
 def _all_finite(array: Any) -> bool:
-    xp = array.__array_namespace__() if hasattr(array, "__array_namespace__") else np
-    return bool(xp.isfinite(array).all())
+    if isinstance(array, np.ndarray) or hasattr(array, "__array_namespace__"):
+        xp = array.__array_namespace__() if hasattr(array, "__array_namespace__") else np
+        return bool(xp.isfinite(array).all())
+    return bool(((array - array) == 0).all())  # any array type: x - x is 0 exactly when x is finite
 
 
 # -- replay -------------------------------------------------------------------------------------------
