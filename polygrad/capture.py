@@ -524,7 +524,8 @@ def _apply_row_gather(program: list, meta: list, plan: dict, done: set) -> tuple
                              plan["s"], (k, width))
     if plan["add"] is not None:
         add = program[plan["add"]]
-        meta[plan["a"]] = (be, (k, width), dtype)
+        abe, _, adtype = meta[plan["a"]]  # the sum's own dtype (a float64 bias promotes)
+        meta[plan["a"]] = (abe, (k, width), adtype)
         program[plan["add"]] = (*add[:6], (k, width))
     g = program[plan["getitem"]]  # the gather is now the identity: a view, for the slot's readers
     program[plan["getitem"]] = (_KERNEL, g[1], (Op.RESHAPE, "dense"), (plan["a"],), {"shape": (k, width)},

@@ -326,3 +326,28 @@ def test_non_finite_sparse_values_make_the_rewritten_replay_run_eagerly():
     with np.errstate(invalid="ignore", over="ignore"):
         compiled = _run_both([1, 5, 7], values=vals, steps=5)
     assert compiled.stats["dropped"] >= 1  # the replay's check refused, the call ran eagerly
+
+
+def test_row_gather_rewrite_keeps_a_promoted_sum_dtype():
+    rng = np.random.default_rng(5)
+    a = pg.from_edge_index(rng.integers(0, 30, (2, 90)), 30, values=rng.uniform(0.5, 1.5, 90), dtype=pg.float32)
+    x = pg.tensor(rng.normal(size=(30, 3)).astype(np.float32))
+    w = pg.tensor(rng.normal(size=(3, 2)).astype(np.float32), requires_grad=True)
+    b = pg.tensor(rng.normal(size=2), requires_grad=True)  # float64: the sum promotes
+
+    def step():
+        w.grad = b.grad = None
+        out = (a @ (x @ w) + b)[np.array([2, 3, 11])]
+        out.sum().backward()
+        return out
+
+    compiled = pg.compile(step)
+    for _ in range(5):
+        want, got = step(), compiled()
+        assert got.dtype == want.dtype == np.float64
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert compiled.stats["replays"] >= 2 and _program_rows(compiled) == {3}
+    from polygrad import capture
+    cap = next(e.capture for e in compiled._cache.values() if e.capture is not None)
+    adds = [e for e in cap.program if e[0] == capture._KERNEL and e[2][0] == pg.Op.ADD]
+    assert adds and all(cap.meta[e[5]][1] == e[6] and cap.meta[e[5]][2] == np.float64 for e in adds)
