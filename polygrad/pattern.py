@@ -25,6 +25,10 @@ from scipy.sparse import _sparsetools
 from . import memory
 
 
+#: row subsets (Pattern.take_rows) kept per pattern
+TAKE_ROWS_CACHED = 4
+
+
 def indptr_from_rows(rows: np.ndarray, nrows: int) -> np.ndarray:
     """CSR row pointers (int64 ``[nrows + 1]``) of row indices sorted ascending."""
     indptr = np.zeros(nrows + 1, dtype=np.int64)
@@ -165,8 +169,9 @@ class Pattern:
         nonzeros here), so ``values[positions]`` are the submatrix's values.  Cached per content of
         ``rows`` (a captured step asks for the same rows on every capture)."""
         rows = np.asarray(rows, dtype=np.int64)
-        key = ("take_rows", rows.shape[0], hash(rows.tobytes()))
-        cached = self._device.get(key)
+        key = (rows.shape[0], hash(rows.tobytes()))
+        recent = self._device.setdefault("take_rows", {})  # the last few row sets only: a step that
+        cached = recent.get(key)                            # gathers new rows each call must not grow it
         if cached is not None and np.array_equal(cached[0], rows):
             return cached[1], cached[2]
         starts = self.indptr[rows]
@@ -179,7 +184,9 @@ class Pattern:
         rows = rows.copy()
         rows.flags.writeable = False
         if cached is None:
-            self._device[key] = (rows, sub, positions)
+            if len(recent) >= TAKE_ROWS_CACHED:
+                del recent[next(iter(recent))]  # the oldest
+            recent[key] = (rows, sub, positions)
         return sub, positions
 
     def transpose(self) -> tuple["Pattern", np.ndarray]:

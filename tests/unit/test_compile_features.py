@@ -351,3 +351,23 @@ def test_row_gather_rewrite_keeps_a_promoted_sum_dtype():
     cap = next(e.capture for e in compiled._cache.values() if e.capture is not None)
     adds = [e for e in cap.program if e[0] == capture._KERNEL and e[2][0] == pg.Op.ADD]
     assert adds and all(cap.meta[e[5]][1] == e[6] and cap.meta[e[5]][2] == np.float64 for e in adds)
+
+
+def test_take_rows_is_right_cached_and_bounded():
+    from polygrad.pattern import TAKE_ROWS_CACHED, Pattern
+
+    rng = np.random.default_rng(6)
+    rows_all, cols_all = np.nonzero(rng.random((30, 20)) < 0.3)
+    p = Pattern.from_sorted((30, 20), rows_all, cols_all)
+    values = rng.normal(size=p.nnz)
+    dense = np.zeros((30, 20))
+    dense[p.rows, p.cols] = values
+    rows = np.array([3, 0, 29, 7])
+    sub, positions = p.take_rows(rows)
+    got = np.zeros((4, 20))
+    got[sub.rows, sub.cols] = values[positions]
+    np.testing.assert_array_equal(got, dense[rows])
+    assert p.take_rows(rows.copy())[0] is sub          # cached by content
+    for start in range(10):                              # many row sets: the cache stays small
+        p.take_rows(np.arange(start, start + 5))
+    assert len(p._device["take_rows"]) == TAKE_ROWS_CACHED
