@@ -15,7 +15,6 @@ a third of a Cora-sized SpMM), on int32 copies of the pattern's indices made onc
 from __future__ import annotations
 
 import numpy as np
-import psutil
 from scipy.sparse import _sparsetools
 
 import polygrad as pg
@@ -258,11 +257,6 @@ class NumpyBackend(pg.Backend):
         self.kernels[(Op.MATMUL, "dense")] = pooled_matmul
         self.kernels[(Op.EXPAND, "dense")] = expand
         self.pool = POOL
-
-    def memory_available(self, device: int = 0) -> int | None:
-        # buffers the pool holds idle are this backend's to reuse: available to the next op
-        idle = self.pool.idle_bytes()
-        return None if not idle else int(psutil.virtual_memory().available) + idle
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array

@@ -17,9 +17,11 @@ outside it, and can be written again.  CPython's reference count tells; where it
 
 **Bounds.**  Only arrays of at least ``min_bytes`` (8 MiB) go through the pool; buffers are
 matched by exact size, so a reused one is exactly as large as a fresh one.  Idle buffers count as
-available memory for the memory budget (:meth:`idle_bytes`), are released when an allocation fails
-(the allocation is then retried), when they would make the pool exceed ``max_bytes`` (a quarter
-of physical memory), and on :meth:`release`.  ``POLYGRAD_NUMPY_POOL=0`` switches the pool off.
+available memory for the memory budget (:meth:`idle_bytes`, in ``polygrad.memory``), and are given
+back: when a new allocation needs more than half the memory available (before it is made) or
+fails (it is then retried), when they would make the pool exceed ``max_bytes`` (a quarter of
+physical memory), when they sat idle through ``EVICT_AFTER_MISSES`` allocations of other sizes,
+and on :meth:`release`.  ``POLYGRAD_NUMPY_POOL=0`` switches the pool off.
 """
 from __future__ import annotations
 
@@ -38,13 +40,15 @@ __all__ = ["ArrayPool", "HOST_POOL", "refcounts_are_exact"]
 
 #: arrays smaller than this are allocated directly: malloc recycles small blocks itself
 MIN_BYTES = 8 << 20
+#: an idle buffer that sat through this many misses (new sizes) is given back
+EVICT_AFTER_MISSES = 8
 _POOLS: "weakref.WeakSet[ArrayPool]" = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
     # a child forked while another thread held a pool's lock would wait on it forever
     for pool in list(_POOLS):
-        pool._lock = threading.Lock()
+        pool._lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -59,21 +63,16 @@ def refcounts_are_exact() -> bool:
     return gil is None or bool(gil())
 
 
-def _count_in_loop(buffers: list) -> int:
-    """``sys.getrefcount`` of the first buffer, seen from a loop like the pool's own searches."""
-    for buf in buffers:
-        return sys.getrefcount(buf)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def _idle_refcount() -> int | None:
-    """``sys.getrefcount(buf)`` of a buffer referenced only by the pool's list, as seen from inside
-    the pool's loops (measured, not assumed: it differs between versions); None when a reference
-    held elsewhere does not show in the count (then the pool cannot tell, and stays off)."""
+    """``sys.getrefcount(buffers[i])`` of a buffer referenced only by the pool's list (measured, not
+    assumed: it differs between versions); None when a reference held elsewhere does not show in
+    the count (then the pool cannot tell, and stays off).  The pool counts through the list
+    index, never a loop variable, so a tracer that snapshots frame locals (a debugger) adds no
+    reference, here or in the pool's searches."""
     probe = [np.empty(1, dtype=np.uint8)]
-    idle = _count_in_loop(probe)
+    idle = sys.getrefcount(probe[0])
     held = probe[0][:]  # a view: one more reference to the buffer
-    busy = _count_in_loop(probe)
+    busy = sys.getrefcount(probe[0])
     del held
     return idle if busy == idle + 1 else None
 
@@ -90,13 +89,19 @@ class ArrayPool:
         self.enabled = bool(enabled) and idle_refs is not None
         self._idle_refs = idle_refs if idle_refs is not None else -1
         self._buffers: list[np.ndarray] = []
-        self._lock = threading.Lock()
+        self._idle_misses: list[int] = []  # per buffer: misses it has sat idle through
+        # re-entrant: a finalizer run by a garbage collection inside the pool may allocate
+        self._lock = threading.RLock()
         _POOLS.add(self)
         self.hits = 0
         self.misses = 0
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """An uninitialised array (like ``np.empty``), from an idle buffer when there is one."""
+        """An uninitialised array (like ``np.empty``), from an idle buffer when there is one.
+
+        Only references count: code that keeps a raw pointer into an array it no longer
+        references (an integer from ``a.ctypes.data``, a copied ``__array_interface__``) reads
+        whatever the buffer holds next, as it would read freed memory without the pool."""
         dtype = np.dtype(dtype)
         nbytes = dtype.itemsize
         for n in shape:
@@ -112,42 +117,53 @@ class ArrayPool:
         out.fill(0)
         return out
 
-    def _find_idle(self, nbytes: int) -> np.ndarray | None:
-        # a function of its own, so that no loop variable outlives the search holding a buffer
-        idle = self._idle_refs
-        for buf in self._buffers:
-            if buf.nbytes == nbytes and sys.getrefcount(buf) == idle:
-                return buf
+    def _find_idle(self, nbytes: int) -> int | None:
+        bufs, idle = self._buffers, self._idle_refs
+        for i in range(len(bufs)):
+            if bufs[i].nbytes == nbytes and sys.getrefcount(bufs[i]) == idle:
+                return i
         return None
 
     def _take(self, nbytes: int) -> np.ndarray:
-        found = self._find_idle(nbytes)
-        if found is not None:
+        i = self._find_idle(nbytes)
+        if i is not None:
             self.hits += 1
-            sharing.forget(found)  # whoever it was handed out to (t.numpy(), DLPack) is gone
-            return found
+            self._idle_misses[i] = 0
+            sharing.forget(self._buffers[i])  # whoever it was handed out to (t.numpy(), DLPack) is gone
+            return self._buffers[i]
         self.misses += 1
-        if self.pooled_bytes() + nbytes > self.max_bytes:
-            self._release_idle()
+        self._age_idle()
+        if (self.pooled_bytes() + nbytes > self.max_bytes
+                or 2 * nbytes > psutil.virtual_memory().available):
+            self._release_idle()  # memory is short: what sits idle goes back first
         try:
             buf = np.empty(nbytes, dtype=np.uint8)
         except MemoryError:
-            self._release_idle()  # memory held idle is the first to give back
+            self._release_idle()
             buf = np.empty(nbytes, dtype=np.uint8)
         if self.pooled_bytes() + nbytes <= self.max_bytes:
             self._buffers.append(buf)
+            self._idle_misses.append(0)
         return buf
 
-    def _release_idle(self) -> None:
-        self._buffers = self._busy()
+    def _age_idle(self) -> None:
+        """On a miss: buffers idle through ``EVICT_AFTER_MISSES`` misses go back to the system.
+        A training loop that allocates the same sizes every step stops missing after a step or
+        two and keeps its buffers; one whose sizes keep changing (mini-batches) does not pile
+        up buffers it will never be handed again."""
+        bufs, idle, ages = self._buffers, self._idle_refs, self._idle_misses
+        keep, keep_ages = [], []
+        for i in range(len(bufs)):
+            age = ages[i] + 1 if sys.getrefcount(bufs[i]) == idle else 0
+            if age <= EVICT_AFTER_MISSES:
+                keep.append(bufs[i])
+                keep_ages.append(age)
+        self._buffers, self._idle_misses = keep, keep_ages
 
-    def _busy(self) -> list[np.ndarray]:
-        idle = self._idle_refs
-        busy = []
-        for buf in self._buffers:
-            if sys.getrefcount(buf) != idle:
-                busy.append(buf)
-        return busy
+    def _release_idle(self) -> None:
+        bufs, idle, ages = self._buffers, self._idle_refs, self._idle_misses
+        keep = [i for i in range(len(bufs)) if sys.getrefcount(bufs[i]) != idle]
+        self._buffers, self._idle_misses = [bufs[i] for i in keep], [ages[i] for i in keep]
 
     def pooled_bytes(self) -> int:
         return sum(b.nbytes for b in self._buffers)
@@ -157,7 +173,8 @@ class ArrayPool:
         if not self.enabled:
             return 0
         with self._lock:
-            return self.pooled_bytes() - sum(b.nbytes for b in self._busy())
+            bufs, idle = self._buffers, self._idle_refs
+            return sum(bufs[i].nbytes for i in range(len(bufs)) if sys.getrefcount(bufs[i]) == idle)
 
     def release(self) -> None:
         """Give every idle buffer back to the system (buffers in use stay pooled)."""

@@ -144,7 +144,9 @@ def _fused_vjp(node, kernel, out: "Tensor", g: "Tensor"):
             grads.append(g._new(arr, be, t.shape, be.dtype(arr)))
         rec = _recording.get()
         if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
-            rec.fused(be, (node.op, node.layout), (g, *node.inputs), {"needs": needs, **node.attrs}, grads)
+            # keyed as dispatch keys it: "coo" and "csr" share one storage, so one table entry
+            rec.fused(be, kernel_key(node.op, node.layout), (g, *node.inputs), {"needs": needs, **node.attrs},
+                      grads)
         return tuple(grads)
     except KernelFault as exc:
         fault: Exception = exc

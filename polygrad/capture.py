@@ -164,6 +164,9 @@ class _Recorder:
         self.host_pending = False
         self.hosts = 0
         self.problem: str | None = None
+        self.computed: set[int] = set()      # id(array) of everything the step's kernels produced
+        self.host_guards: list[tuple[Any, np.ndarray]] = []  # (ref, values read on the host)
+        self.host_seen: set[int] = set()
 
     def refuse(self, reason: str) -> None:
         if self.problem is None:
@@ -256,6 +259,7 @@ class _Recorder:
         key = kernel_key(op, layout)  # dispatch's rule: both layouts share the canonical storage
         ins = tuple(self._input(t) for t in inputs)
         out = self._produce(result._data, be, result.shape, result.dtype)
+        self.computed.add(id(result._data))
         self.program.append((_KERNEL, be, key, ins, dict(attrs), out, result.shape))
 
     def fused(self, be, key: tuple, inputs: tuple, kwargs: dict, grads: list) -> None:
@@ -264,11 +268,13 @@ class _Recorder:
         self._settle()
         ins = tuple(self._input(t) for t in inputs)
         outs = tuple(-1 if g is None else self._produce(g._data, be, g.shape, g.dtype) for g in grads)
+        self.computed.update(id(g._data) for g in grads if g is not None)
         self.program.append((_FUSED, be, key, ins, kwargs, outs))
 
     def fresh(self, make: Callable[[], Any], t: Tensor, raw: bool) -> None:
         self._settle()
         slot = self._produce(t._data, t._be, t.shape, t.dtype)
+        self.computed.add(id(t._data))
         self.program.append((_FRESH, slot, make, raw))
 
     def host(self, method: Callable[[], Any], idempotent: bool) -> None:
@@ -277,6 +283,17 @@ class _Recorder:
         self.program.append((_HOST, method, idempotent))
         self.hosts += 1
         self.host_pending = True
+
+    def host_read(self, t: Tensor) -> None:
+        """``t``'s values were read on the host (indices, class targets, a graph's edges): what the
+        step then did with them is frozen into the program, so a replay is valid only while they
+        are the same -- a guard compares them on every call.  Values the step computed itself are
+        left to the two-capture comparison (they differ from call to call, or are constants)."""
+        if self.problem is not None or id(t._data) in self.computed or id(t) in self.host_seen:
+            return
+        self.host_seen.add(id(t))
+        self.keep.append(t)
+        self.host_guards.append((self._ref(t), np.array(t._be.to_numpy(t._data))))
 
     def item(self, t: Tensor, value: Any) -> None:
         if isinstance(t, SparseTensor) or self.problem is not None:
@@ -320,24 +337,36 @@ class _Recorder:
         if self.problem is not None:
             raise _Refused(self.problem)
         fresh_draws = any(e[0] == _FRESH for e in self.program)
-        return _Capture(self.program, self.meta, spec, self.grad_guard, fresh_draws)
+        cap = _Capture(self.program, self.meta, spec, self.grad_guard, fresh_draws)
+        cap.host_guards = self.host_guards
+        return cap
 
 
 class _Capture:
     """A recorded step: the program, each slot's (backend, shape, dtype), the result's layout."""
 
     def __init__(self, program: list, meta: list, spec: tuple, grad_guard: list, fresh_draws: bool):
-        self.program, self.meta = _push_row_gathers(program, meta, spec)
+        # listeners of polygrad_op_executed see the ops eager runs: no rewrite while one listens
+        # (whether one does is part of the guard key)
+        rewrite = registry.events["polygrad_op_executed"] is None
+        self.program, self.meta = _push_row_gathers(program, meta, spec) if rewrite else (program, meta)
         self.spec = spec
         self.grad_guard = grad_guard
         self.fresh_draws = fresh_draws
         self.kernels = sum(1 for e in program if e[0] in (_KERNEL, _FUSED))
         self.fast = _generate(self)
+        self.host_guards: list[tuple[Any, np.ndarray]] = []
 
     def still_valid(self, flat: list) -> bool:
         for ref, had in self.grad_guard:
             t = flat[ref] if type(ref) is int else ref
             if (t.grad is not None) != had:
+                return False
+        for ref, seen in self.host_guards:  # values the capture read on the host: unchanged?
+            t = flat[ref] if type(ref) is int else ref
+            now = t._be.to_numpy(t._data)
+            if now.shape != seen.shape or now.dtype != seen.dtype or not np.array_equal(
+                    now, seen, equal_nan=seen.dtype.kind in "fc"):
                 return False
         return True
 
@@ -499,6 +528,11 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
         return None
     values, x = program[mm][3]
     vjp = None  # the fused backward reading the gradient that index_add scatters back
+    if any(p[0] == _HOST and not p[2] for p in program[:mm]):
+        # after an optimizer step a replay cannot re-run eagerly, so the finiteness check the
+        # backward rewrite needs could not fall back: the forward rows alone need no check
+        return {"getitem": n, "add": add, "spmm": mm, "rows": rows, "pattern": pattern, "values": values,
+                "x": x, "s": s, "a": a, "vjp": None}
     for k, f in enumerate(program):
         if (f[0] == _KERNEL and f[2] == (Op.INDEX_ADD, "dense") and f[4].get("shape") == shape
                 and _same(f[4].get("index"), index)):

@@ -42,6 +42,14 @@ _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
 
+
+def note_host_read(t: Any) -> None:
+    """Tell a running ``pg.compile`` capture that ``t``'s values were read on the host (as indices,
+    targets, a graph): a replay would reuse what they were, so the capture guards them."""
+    rec = _recording.get()
+    if rec is not None:
+        rec.host_read(t)
+
 # -- statistics (pg.stats()) ------------------------------------------------------------------------
 _stats_lock = threading.Lock()
 fallback_counts: Counter = Counter()      # (op, backend, layout) -> times

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from .array_pool import HOST_POOL
 from .config import config
 from .errors import MemoryBudgetError
 from .registry import resolve
@@ -66,7 +67,9 @@ def available_bytes(backend: Any = None) -> int:
             reported = None
         if reported is not None:
             return int(reported)
-    return int(psutil.virtual_memory().available)
+    # host memory, plus what the host array pool holds idle (it gives that back before a large
+    # allocation that would not fit)
+    return int(psutil.virtual_memory().available) + HOST_POOL.idle_bytes()
 
 
 def budget_bytes(backend: Any = None) -> int:

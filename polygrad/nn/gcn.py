@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
+from polygrad.dispatch import note_host_read
 from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
 
@@ -59,8 +60,11 @@ def _fingerprint(graph: Any) -> tuple:
     if is_sparse(graph):
         p = graph.pattern
         values = graph.values
+        note_host_read(values)  # a compiled step guards what its cached adjacency came from
         return ("sparse", tuple(graph.shape), np.asarray(p.indptr), np.asarray(p.cols),
                 np.asarray(values._be.to_numpy(values._data)))
+    if isinstance(graph, Tensor):
+        note_host_read(graph)
     data = graph._be.to_numpy(graph._data) if isinstance(graph, Tensor) else np.asarray(graph)
     return ("edge_index", np.asarray(data))
 
