@@ -151,19 +151,23 @@ class ArrayPool:
         A training loop that allocates the same sizes every step stops missing after a step or
         two and keeps its buffers; one whose sizes keep changing (mini-batches) does not pile
         up buffers it will never be handed again."""
+        self._sweep(1, EVICT_AFTER_MISSES)
+
+    def _release_idle(self) -> None:
+        self._sweep(0, -1)
+
+    def _sweep(self, aging: int, max_age: int) -> None:
+        """Idle buffers age by ``aging`` misses; those past ``max_age`` go back to the system (busy
+        ones stay, at age 0)."""
         bufs, idle, ages = self._buffers, self._idle_refs, self._idle_misses
         keep, keep_ages = [], []
         for i in range(len(bufs)):
-            age = ages[i] + 1 if sys.getrefcount(bufs[i]) == idle else 0
-            if age <= EVICT_AFTER_MISSES:
+            unused = sys.getrefcount(bufs[i]) == idle
+            age = ages[i] + aging if unused else 0
+            if not unused or age <= max_age:
                 keep.append(bufs[i])
                 keep_ages.append(age)
         self._buffers, self._idle_misses = keep, keep_ages
-
-    def _release_idle(self) -> None:
-        bufs, idle, ages = self._buffers, self._idle_refs, self._idle_misses
-        keep = [i for i in range(len(bufs)) if sys.getrefcount(bufs[i]) != idle]
-        self._buffers, self._idle_misses = [bufs[i] for i in keep], [ages[i] for i in keep]
 
     def pooled_bytes(self) -> int:
         return sum(b.nbytes for b in self._buffers)

@@ -337,15 +337,14 @@ class _Recorder:
         if self.problem is not None:
             raise _Refused(self.problem)
         fresh_draws = any(e[0] == _FRESH for e in self.program)
-        cap = _Capture(self.program, self.meta, spec, self.grad_guard, fresh_draws)
-        cap.host_guards = self.host_guards
-        return cap
+        return _Capture(self.program, self.meta, spec, self.grad_guard, fresh_draws, self.host_guards)
 
 
 class _Capture:
     """A recorded step: the program, each slot's (backend, shape, dtype), the result's layout."""
 
-    def __init__(self, program: list, meta: list, spec: tuple, grad_guard: list, fresh_draws: bool):
+    def __init__(self, program: list, meta: list, spec: tuple, grad_guard: list, fresh_draws: bool,
+                 host_guards: list):
         # listeners of polygrad_op_executed see the ops eager runs: no rewrite while one listens
         # (whether one does is part of the guard key)
         rewrite = registry.events["polygrad_op_executed"] is None
@@ -355,7 +354,7 @@ class _Capture:
         self.fresh_draws = fresh_draws
         self.kernels = sum(1 for e in program if e[0] in (_KERNEL, _FUSED))
         self.fast = _generate(self)
-        self.host_guards: list[tuple[Any, np.ndarray]] = []
+        self.host_guards: list[tuple[Any, np.ndarray]] = host_guards  # (ref, values read on the host)
 
     def still_valid(self, flat: list) -> bool:
         for ref, had in self.grad_guard:
@@ -527,22 +526,28 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
     if not isinstance(pattern, Pattern) or pattern.shape[0] != shape[0] or meta[s][1] != shape:
         return None
     values, x = program[mm][3]
-    vjp = None  # the fused backward reading the gradient that index_add scatters back
-    if any(p[0] == _HOST and not p[2] for p in program[:mm]):
-        # after an optimizer step a replay cannot re-run eagerly, so the finiteness check the
-        # backward rewrite needs could not fall back: the forward rows alone need no check
-        return {"getitem": n, "add": add, "spmm": mm, "rows": rows, "pattern": pattern, "values": values,
-                "x": x, "s": s, "a": a, "vjp": None}
-    for k, f in enumerate(program):
+    # after an optimizer step a replay cannot re-run eagerly, so the finiteness check the backward
+    # rewrite needs could not fall back: there only the forward rows (which need no check) change
+    stepped = any(p[0] == _HOST and not p[2] for p in program[:mm])
+    vjp = None if stepped else _scattered_spmm_backward(program, readers, index, shape, values, x, pattern)
+    return {"getitem": n, "add": add, "spmm": mm, "rows": rows, "pattern": pattern, "values": values,
+            "x": x, "s": s, "a": a, "vjp": vjp}
+
+
+def _scattered_spmm_backward(program: list, readers: dict, index: tuple, shape: tuple, values: int, x: int,
+                             pattern: Pattern) -> tuple[int, int] | None:
+    """(entry, slot of the gathered rows' gradient) of the fused SpMM backward that reads the
+    gradient ``index_add`` scatters back from the gather, when there is one (and dA is not asked)."""
+    found = None
+    for f in program:
         if (f[0] == _KERNEL and f[2] == (Op.INDEX_ADD, "dense") and f[4].get("shape") == shape
                 and _same(f[4].get("index"), index)):
             for r in readers.get(f[5], []):
                 g = program[r]
                 if (g[0] == _FUSED and g[2] == (Op.SPMM, "csr") and g[3] == (f[5], values, x)
                         and g[4].get("pattern") is pattern and not g[4].get("needs", (True,))[0]):
-                    vjp = (r, f[3][0])
-    return {"getitem": n, "add": add, "spmm": mm, "rows": rows, "pattern": pattern, "values": values,
-            "x": x, "s": s, "a": a, "vjp": vjp}
+                    found = (r, f[3][0])
+    return found
 
 
 def _apply_row_gather(program: list, meta: list, plan: dict, done: set) -> tuple[list, list, set]:
@@ -700,16 +705,15 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
     def target(ref: Any) -> str:
         return f"flat[{ref}]" if type(ref) is int else const(ref)
 
-    def rebuild(value: tuple) -> tuple[str, list[int]]:
+    def rebuild(value: tuple) -> str:
         if value[0] == 1:
             be, shape, dtype = cap.meta[value[1]]
-            return f"MAKE(b{value[1]}, {const(be)}, {const(shape)}, {const(dtype)})", [value[1]]
+            return f"MAKE(b{value[1]}, {const(be)}, {const(shape)}, {const(dtype)})"
         if value[0] == 0:
-            return "None", []
+            return "None"
         if value[0] == 2:
-            return const(value[1]), []
-        inner, used = rebuild(value[2])
-        return f"WRAP({const(value[1])}, {inner})", used
+            return const(value[1])
+        return f"WRAP({const(value[1])}, {rebuild(value[2])})"
 
     def call_args(ins: tuple, kwargs: dict) -> str:
         args = [f"b{i}" for i in ins]
@@ -722,19 +726,16 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
     for e in cap.program:
         kind = e[0]
         lines: list[str] = []
-        used: list[int] = []
         if kind == _KERNEL:
             _, be, key, ins, attrs, out, shape = e
             lines = [f"b{out} = {small_kernel(be, key, shape)}({call_args(ins, attrs)})",
                      shape_check(f"b{out}", be, shape)]
-            used = list(ins)
         elif kind == _FUSED:
             _, be, key, ins, kwargs, outs = e
             lines = [f"r = {kernel(True, be, key)}({call_args(ins, kwargs)})"]
             for i, slot in enumerate(outs):
                 if slot >= 0:
                     lines += [f"b{slot} = r[{i}]", shape_check(f"b{slot}", be, cap.meta[slot][1])]
-            used = list(ins)
         elif kind == _LOAD:
             lines = [f"b{e[1]} = {const(e[2])}._data"]
         elif kind == _ARG:
@@ -746,17 +747,14 @@ def _generate(cap: _Capture) -> Callable[[list, dict, dict], Any] | None:
         elif kind == _HOST:
             lines = ["try:", f"    {const(e[1])}()", "except Exception as exc:", "    raise HostFailed(exc)"]
         elif kind == _SET_GRAD:
-            value, used = rebuild(e[2])
-            lines = [f"{target(e[1])}.grad = {value}"]
+            lines = [f"{target(e[1])}.grad = {rebuild(e[2])}"]
         elif kind == _SET_DATA:
             lines = [f"{target(e[1])}._data = b{e[2]}"]
-            used = [e[2]]
         elif kind == _ASSERT_FINITE:
             lines = [f"if not FINITE(b{e[1]}): raise NotFinite()"]
-            used = [e[1]]
         # _BACKWARD only fires an event: the generated path runs only while no one listens
         body.append(lines)
-        reads.append(used)
+        reads.append(_reads(e))
     result_slots = sorted(_result_slots(cap.spec))
     last: dict[int, int] = {}
     for n, used in enumerate(reads):

@@ -159,8 +159,7 @@ class Tensor(TensorBase):
         from the storage re-validate from then on (see docs/reliability.md)."""
         arr = self._be.to_numpy(self._data)
         sharing.exported(self._data, arr)
-        if dispatch._recording.get() is not None:
-            dispatch.note_host_read(self)
+        dispatch.note_host_read(self)  # a pg.compile capture guards values read on the host
         return arr
 
     def __array__(self, dtype=None, copy=None):
