@@ -109,7 +109,8 @@ def _summary_gcn(r: dict[str, Any]) -> str:
         acc = f"{acc} ± {r['test_accuracy_std']:.1%} (mean over {r['runs']} seeds)"
     model = _MODEL_NAMES.get(r["demo"], r["demo"]) + (" (sampled mini-batches)" if r.get("sampled") else "")
     if r["demo"] == "gin":
-        return (f"GIN on {r['dataset']} ({r['num_test_graphs']} test graphs, chance 50%): test accuracy {acc} "
+        return (f"GIN on {r['dataset']} ({r['num_test_graphs']} test graphs, chance {r['chance_accuracy']:.0%}): "
+                f"test accuracy {acc} "
                 f"after {r['epochs']} epochs, {r['epoch_time_ms']:.2f} ms/epoch (median), peak RSS "
                 f"{r['peak_rss_mb']:.0f} MiB, backend {r['backend']}")
     return (f"{model} on {r['dataset']} ({r['num_nodes']} nodes): test accuracy {acc} after {r['epochs']} epochs, "
@@ -395,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common_demo_args(k)
     k.set_defaults(func=cmd_demo)
     n = dsub.add_parser("gin", help="GIN graph classification on generated graph families (batching, pooling)")
+    n.add_argument("--data", metavar="DIR", help="a TUDataset folder (NAME_A.txt, NAME_graph_indicator.txt, "
+                                                 "NAME_graph_labels.txt, ...) to classify instead of generated graphs")
     n.add_argument("--epochs", type=_positive_int, default=50, help="training epochs (default 50)")
     n.add_argument("--seed", type=int, default=0, help="data and init seed of the (first) run (default 0)")
     n.add_argument("--runs", type=_positive_int, default=1, help="runs with seeds seed, seed+1, ...")

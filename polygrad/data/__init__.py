@@ -14,6 +14,8 @@
   ``add_self_loops``, ``subgraph``, ``k_hop_subgraph`` ... with PyG's outputs); :mod:`.transforms`
   (``Compose``, ``NormalizeFeatures``, ``ToUndirected``, ``RandomNodeSplit``, ``RandomLinkSplit``);
   :func:`negative_sampling`, :class:`LinkNeighborLoader`.
+* :func:`load_tudataset` (TUDataset folders) and :func:`load_ogb_node` (OGB node-property
+  folders), read from local files as PyG / OGB do, with ``download=True`` when online.
 * helpers: :class:`CSRMatrix` (features), :class:`GraphDataset`, :func:`row_normalize`,
   :func:`normalized_adjacency`, :func:`standardize`, :func:`train_test_split`, ...
 
@@ -52,6 +54,8 @@ from .data import Data, HeteroData
 from .batch import Batch, DataLoader, Graph, collate, iterate_batches, random_graph_families
 from .sampler import NeighborSampler, SampledGraph
 from .link import LinkNeighborLoader, negative_sampling
+from .tudataset import download_tudataset, load_tudataset
+from .ogb import download_ogb_node, load_ogb_node
 from . import transforms, utils
 
 __all__ = [
@@ -86,4 +90,6 @@ __all__ = [
     "NeighborSampler", "SampledGraph",
     # PyG-shaped containers, loaders, link prediction (utils: PyG's edge_index helpers; transforms)
     "Data", "HeteroData", "DataLoader", "LinkNeighborLoader", "negative_sampling", "transforms", "utils",
+    # dataset folders: TUDataset (graph classification), OGB node property prediction
+    "load_tudataset", "download_tudataset", "load_ogb_node", "download_ogb_node",
 ]
