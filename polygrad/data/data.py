@@ -55,9 +55,10 @@ class Data:
 
     # -- attribute access ------------------------------------------------------------------------
     def __getattr__(self, key: str) -> Any:
-        if key.startswith("__"):
+        store = self.__dict__.get("_store")
+        if key.startswith("__") or store is None:  # dunder lookups, and copy/pickle before _store exists
             raise AttributeError(key)
-        return self.__dict__["_store"].get(key)
+        return store.get(key)
 
     def __setattr__(self, key: str, value: Any) -> None:
         if isinstance(getattr(type(self), key, None), property):

@@ -233,6 +233,16 @@ def test_data_attributes_like_pyg():
         Data(x=np.ones((2, 1)), edge_index=np.array([[0], [5]])).validate()
 
 
+def test_data_copies_and_pickles():
+    import pickle
+
+    d = Data(x=np.ones((2, 2)), edge_index=np.array([[0], [1]]), num_nodes=3, note="a")
+    for other in (d.clone(), pickle.loads(pickle.dumps(d))):
+        assert other.num_nodes == 3 and other.note == "a"
+        np.testing.assert_array_equal(other.x, d.x)
+        assert other.x is not d.x
+
+
 def test_data_to_backend():
     d = Data(x=np.ones((3, 2)), edge_index=np.array([[0], [1]]), y=np.arange(3),
              feat=CSRMatrix.from_dense(np.eye(3)))
