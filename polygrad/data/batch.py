@@ -133,8 +133,10 @@ def collate(graphs: Sequence[Graph]) -> Batch:
 def iterate_batches(graphs: Sequence[Graph], batch_size: int, shuffle: bool = False,
                     seed: Any = None) -> Iterator[Batch]:
     """One pass of batches of ``batch_size`` graphs (the last may be smaller), shuffled reproducibly
-    by ``seed``: the same seed gives the same order on every call, so for a new order every epoch
-    pass a different seed per epoch or use :class:`DataLoader`, which reshuffles like PyG's."""
+    by ``seed``.  An int seed gives the same order on every call; for a new order every epoch
+    (PyG's loader with a seeded generator) pass one ``numpy.random.Generator`` made once
+    (``rng = np.random.default_rng(0)``, then ``seed=rng`` each epoch: it advances), or use
+    :class:`DataLoader`, which does that itself."""
     if batch_size < 1:
         raise DataError(f"iterate_batches: batch_size must be >= 1, got {batch_size}")
     order = np.arange(len(graphs))

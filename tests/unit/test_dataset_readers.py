@@ -214,3 +214,42 @@ def test_gin_demo_reads_a_tudataset_folder(tmp_path, capsys):
     assert out["dataset"] == "TUDataset FAM" and out["num_graphs"] == 40 and out["chance_accuracy"] == 0.5
     assert main(["demo", "gin", "--data", str(tmp_path / "nothing"), "--epochs", "1", "--no-progress"]) == 1
     assert "no TUDataset" in capsys.readouterr().err
+
+
+def _zip(path: Path, members: dict) -> str:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in members.items():
+            z.writestr(name, text)
+    return path.as_uri()
+
+
+def test_download_unpacks_a_zip_and_refuses_escapes(tmp_path):
+    from polygrad.data import download_tudataset
+    from polygrad.data._files import download_zip
+
+    src = tmp_path / "src"
+    src.mkdir()
+    members = {f"TOY/TOY_{part}.txt": text for part, text in TOY.items()}
+    _zip(src / "TOY.zip", members)
+    root = tmp_path / "root"
+    folder = download_tudataset("TOY", root, base_url=src.as_uri())
+    assert folder == root / "TOY" and len(load_tudataset(root, "TOY")) == 2
+    ogb = {f"arxiv/raw/{n}": gzip.compress(t.encode()) for n, t in (("edge.csv.gz", "0,1\n"),
+                                                                     ("num-node-list.csv.gz", "2\n"))}
+    _zip(src / "arxiv.zip", ogb)
+    from polygrad.data import download_ogb_node
+    assert download_ogb_node("ogbn-arxiv", root, base_url=src.as_uri()) == root / "arxiv"
+    assert load_ogb_node(root, "ogbn-arxiv").edge_index.tolist() == [[0], [1]]
+    evil = _zip(src / "EVIL.zip", {"EVIL/../../escaped.txt": "x"})
+    with pytest.raises(DataError, match="outside"):
+        download_zip(evil, tmp_path / "r2", "EVIL")
+    assert not (tmp_path / "escaped.txt").exists()
+    (src / "BAD.zip").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(DataError, match="not a readable zip"):
+        download_zip((src / "BAD.zip").as_uri(), tmp_path / "r3", "BAD")
+    with pytest.raises(DataError, match="could not download"):
+        download_zip((src / "MISSING.zip").as_uri(), tmp_path / "r4", "MISSING")
+    with pytest.raises(DataError, match="holds no"):
+        download_zip((src / "TOY.zip").as_uri(), tmp_path / "r5", "OTHER")

@@ -92,6 +92,20 @@ def test_data_loader_reshuffles_each_epoch_and_repeats_by_seed(seed, batch_size)
     assert len({tuple(e) for e in first}) > 1               # and the order changes between epochs
 
 
+def test_iterate_batches_with_one_generator_reshuffles_each_epoch():
+    graphs = [Graph(x=np.ones((1, 1)), edge_index=np.zeros((2, 0), dtype=np.int64), y=k) for k in range(20)]
+
+    def epochs(seed):
+        rng = np.random.default_rng(seed)
+        return [np.concatenate([b.y for b in pdata.iterate_batches(graphs, 7, shuffle=True, seed=rng)]).tolist()
+                for _ in range(3)]
+    first = epochs(0)
+    assert first == epochs(0) and len({tuple(e) for e in first}) == 3
+    same = [np.concatenate([b.y for b in pdata.iterate_batches(graphs, 7, shuffle=True, seed=0)]).tolist()
+            for _ in range(2)]
+    assert same[0] == same[1]  # an int seed: one fixed order (documented)
+
+
 def test_batch_concatenates_per_node_labels():
     g1 = Graph(x=np.ones((3, 2)), edge_index=np.array([[0, 1], [1, 2]]), y=np.array([0, 1, 1]))
     g2 = Graph(x=np.ones((2, 2)), edge_index=np.array([[0], [1]]), y=np.array([2, 0]))
