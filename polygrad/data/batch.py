@@ -155,7 +155,7 @@ class DataLoader:
     """
 
     def __init__(self, graphs: Sequence[Any], batch_size: int = 1, shuffle: bool = False, seed: Any = None):
-        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise DataError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
         self.graphs = list(graphs)
         self.batch_size = int(batch_size)

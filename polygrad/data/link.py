@@ -150,7 +150,7 @@ class LinkNeighborLoader:
                             "(negatives are labelled 0)")
         self.edge_label = label
         self.neg_sampling_ratio = float(neg_sampling_ratio)
-        if int(batch_size) != batch_size or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise DataError(f"LinkNeighborLoader: batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)

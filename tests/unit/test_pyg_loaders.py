@@ -33,10 +33,20 @@ def test_neighbor_sampler_refuses_float_or_shaped_input_nodes(bad):
         NeighborSampler(_ring(6), 6, [2], input_nodes=bad)
 
 
-@pytest.mark.parametrize("fanouts", [[2.5], [2, 1.0], [True], [], [0], [-2]])
+@pytest.mark.parametrize("fanouts", [[2.5], [2, 1.0], [True], [], [0], [-2], 2.5, "25"])
 def test_neighbor_sampler_refuses_non_integer_fanouts(fanouts):
     with pytest.raises(DataError, match="fanouts"):
         NeighborSampler(_ring(6), 6, fanouts)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: NeighborSampler(_ring(6), 6, [2], batch_size="8"),
+    lambda: NeighborSampler(_ring(6), 6, [2], batch_size=2.0),
+    lambda: DataLoader([], batch_size="8"),
+])
+def test_loaders_refuse_non_integer_batch_sizes(make):
+    with pytest.raises(DataError, match="batch_size"):
+        make()
 
 
 def test_neighbor_sampler_input_nodes_are_checked_up_front():
