@@ -69,12 +69,12 @@ class NeighborSampler:
         self.num_nodes = int(num_nodes)
         if ei.size and (ei.min() < 0 or ei.max() >= self.num_nodes):
             raise DataError(f"NeighborSampler: edge_index refers to nodes outside [0, {self.num_nodes})")
-        fanouts = list(fanouts) if isinstance(fanouts, (list, tuple, np.ndarray)) else [fanouts]
-        if (not fanouts or any(isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer))
-                               for f in fanouts) or any(f == 0 or f < -1 for f in fanouts)):
+        counts: list[Any] = list(fanouts) if isinstance(fanouts, (list, tuple, np.ndarray)) else [fanouts]
+        if (not counts or any(isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer))
+                              for f in counts) or any(f == 0 or f < -1 for f in counts)):
             raise DataError(f"NeighborSampler: fanouts must be positive integer counts (or -1 for all), "
-                            f"got {fanouts}")
-        self.fanouts = [int(f) for f in fanouts]
+                            f"got {counts}")
+        self.fanouts = [int(f) for f in counts]
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise DataError(f"NeighborSampler: batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size = int(batch_size)
