@@ -15,7 +15,8 @@ from __future__ import annotations
 from . import init, utils
 from .gcn import GCN, GCNConv, csr_to_tensor
 from .layers import MLP, Dropout, Identity, Linear, ReLU, Sequential, Sigmoid, Tanh, dropout
-from .losses import accuracy, cross_entropy, hinge, l2_penalty, max_margin, mse
+from .losses import (accuracy, binary_cross_entropy_with_logits, cross_entropy, hinge, l2_penalty, max_margin, mse,
+                     nll_loss, roc_auc_score)
 from .module import Module
 from .message_passing import MessagePassing
 from .convs import GATConv, GINConv, SAGEConv
@@ -27,6 +28,7 @@ __all__ = [
     "Module", "Linear", "MLP", "Dropout", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential",
     "GCNConv", "GCN", "csr_to_tensor", "dropout",
     "cross_entropy", "mse", "max_margin", "hinge", "l2_penalty", "accuracy",
+    "binary_cross_entropy_with_logits", "nll_loss", "roc_auc_score",
     "clip_grad_norm_", "grad_norm", "init", "utils",
     "MessagePassing", "GATConv", "SAGEConv", "GINConv", "global_add_pool", "global_mean_pool", "global_max_pool",
     "GAT", "GraphSAGE", "GIN",
