@@ -24,6 +24,7 @@ from .gnn_models import GAT, GIN, GraphSAGE
 from .utils import clip_grad_norm_, grad_norm
 # -- PyG parity, round 2: layers, norms, PyG's MLP, HeteroConv, torch state dicts --
 from .edge_convs import GINEConv, GraphConv, NNConv
+from .propagation import APPNP, ChebConv, SGConv
 from .torch_state import load_torch_state_dict, torch_names, torch_state_dict
 
 __all__ = [
@@ -34,6 +35,6 @@ __all__ = [
     "MessagePassing", "GATConv", "SAGEConv", "GINConv", "global_add_pool", "global_mean_pool", "global_max_pool",
     "GAT", "GraphSAGE", "GIN",
     # PyG parity, round 2
-    "GraphConv", "GINEConv", "NNConv",
+    "GraphConv", "GINEConv", "NNConv", "SGConv", "APPNP", "ChebConv",
     "load_torch_state_dict", "torch_state_dict", "torch_names",
 ]
