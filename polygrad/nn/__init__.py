@@ -25,6 +25,7 @@ from .utils import clip_grad_norm_, grad_norm
 # -- PyG parity, round 2: layers, norms, PyG's MLP, HeteroConv, torch state dicts --
 from .edge_convs import GINEConv, GraphConv, NNConv
 from .propagation import APPNP, ChebConv, SGConv
+from .norm import BatchNorm, BatchNorm1d, LayerNorm
 from .torch_state import load_torch_state_dict, torch_names, torch_state_dict
 
 __all__ = [
@@ -36,5 +37,6 @@ __all__ = [
     "GAT", "GraphSAGE", "GIN",
     # PyG parity, round 2
     "GraphConv", "GINEConv", "NNConv", "SGConv", "APPNP", "ChebConv",
+    "BatchNorm", "BatchNorm1d", "LayerNorm",
     "load_torch_state_dict", "torch_state_dict", "torch_names",
 ]

@@ -273,3 +273,73 @@ def test_chebconv_lambda_max_per_graph_matches_pyg():
             {"x": _features(n, 4), "ei": ei})
     compare(ours, theirs, lambda m, x, ei: m(x, ei, lambda_max=1.7),
             lambda m, x, ei: m(x, ei, lambda_max=1.7), {"x": _features(n, 4), "ei": ei})
+
+
+# -- BatchNorm, LayerNorm -----------------------------------------------------------------------------
+
+def _stats_match(ours: nn.Module, theirs: Any) -> None:
+    mine = nn.torch_state_dict(ours)
+    for k, v in theirs.state_dict().items():
+        np.testing.assert_allclose(mine[k], v.numpy(), rtol=TOL, atol=TOL, err_msg=k)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm_matches_pyg_in_training_running_stats_and_eval(momentum, affine):
+    _seeded()
+    theirs = pyg_nn.BatchNorm(6, momentum=momentum, affine=affine).double()
+    ours = nn.BatchNorm(6, momentum=momentum, affine=affine, dtype=pg.float64)
+    if affine:
+        with torch.no_grad():
+            theirs.module.weight.normal_()
+            theirs.module.bias.normal_()
+    call = lambda m, x: m(x)  # noqa: E731
+    nn.load_torch_state_dict(ours, theirs.state_dict())
+    for step in range(3):  # training: batch statistics, running statistics move
+        compare(ours, theirs, call, call, {"x": _features(50, 6, seed=step) * 3 + step}, load=False, seed=step)
+        _stats_match(ours, theirs)
+    assert int(ours.module.num_batches_tracked.item()) == 3
+    ours.eval()
+    theirs.eval()
+    compare(ours, theirs, call, call, {"x": _features(7, 6, seed=9)}, load=False)
+    _stats_match(ours, theirs)  # eval leaves them alone
+
+
+def test_batchnorm_without_running_stats_and_with_single_elements_matches_pyg():
+    _seeded()
+    call = lambda m, x: m(x)  # noqa: E731
+    theirs = pyg_nn.BatchNorm(4, track_running_stats=False)
+    ours = nn.BatchNorm(4, track_running_stats=False, dtype=pg.float64)
+    ours.eval()
+    theirs.eval()
+    compare(ours, theirs, call, call, {"x": _features(9, 4)})  # eval still uses the batch's statistics
+    theirs = pyg_nn.BatchNorm(4, allow_single_element=True).double()
+    ours = nn.BatchNorm(4, allow_single_element=True, dtype=pg.float64)
+    compare(ours, theirs, call, call, {"x": _features(20, 4)})
+    compare(ours, theirs, call, call, {"x": _features(1, 4, seed=3)}, load=False)
+    _stats_match(ours, theirs)
+    with pytest.raises(pg.errors.ShapeError, match="more than 1 value per channel"):
+        nn.BatchNorm(4)(pg.tensor(_features(1, 4)))
+
+
+@pytest.mark.parametrize("mode", ["graph", "node"])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("batched", [False, True])
+def test_layernorm_matches_pyg(mode, affine, batched):
+    _seeded()
+    theirs = pyg_nn.LayerNorm(5, affine=affine, mode=mode)
+    ours = nn.LayerNorm(5, affine=affine, mode=mode, dtype=pg.float64)
+    if affine:
+        with torch.no_grad():
+            theirs.weight.normal_()
+            theirs.bias.normal_()
+    x = _features(30, 5) * 2 + 1
+    if batched:  # three graphs and an empty fourth (batch_size=4)
+        batch = np.repeat([0, 1, 2], [12, 1, 17])
+        compare(ours, theirs, lambda m, x: m(x, batch, 4), lambda m, x: m(x, torch.tensor(batch), 4), {"x": x})
+    else:
+        compare(ours, theirs, lambda m, x: m(x), lambda m, x: m(x), {"x": x})
+
+
+def test_layernorm_default_is_pygs_graph_mode():
+    assert nn.LayerNorm(3).mode == pyg_nn.LayerNorm(3).mode == "graph"
