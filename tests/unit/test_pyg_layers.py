@@ -343,3 +343,50 @@ def test_layernorm_matches_pyg(mode, affine, batched):
 
 def test_layernorm_default_is_pygs_graph_mode():
     assert nn.LayerNorm(3).mode == pyg_nn.LayerNorm(3).mode == "graph"
+
+
+# -- MLP --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    {},                                                   # PyG's defaults: batch_norm, relu, plain_last
+    {"norm": None, "act": "tanh"},
+    {"norm": "layer_norm", "act_first": True},
+    {"plain_last": False, "bias": [True, False, True]},
+    {"act": "leaky_relu", "act_kwargs": {"negative_slope": 0.2}, "norm": "batch_norm",
+     "norm_kwargs": {"momentum": 0.3}},
+])
+def test_mlp_matches_pyg_in_training_and_eval(kwargs):
+    _seeded()
+    theirs = pyg_nn.MLP([6, 8, 5, 3], **kwargs)
+    ours = nn.MLP([6, 8, 5, 3], dtype=pg.float64, **kwargs)
+    call = lambda m, x: m(x)  # noqa: E731
+    compare(ours, theirs, call, call, {"x": _features(25, 6)})
+    _stats_match(ours, theirs)
+    ours.eval()
+    theirs.eval()
+    compare(ours, theirs, call, call, {"x": _features(4, 6, seed=7)}, load=False)
+
+
+def test_mlp_keyword_form_dropout_and_layer_norm_batch_match_pyg():
+    _seeded()
+    theirs = pyg_nn.MLP(in_channels=4, hidden_channels=7, out_channels=2, num_layers=3, dropout=0.5,
+                        norm="layer_norm")
+    ours = nn.MLP(in_channels=4, hidden_channels=7, out_channels=2, num_layers=3, dropout=0.5,
+                  norm="layer_norm", dtype=pg.float64)
+    assert ours.dropout == theirs.dropout == [0.5, 0.5, 0.0]
+    assert (ours.in_channels, ours.out_channels, ours.num_layers) == (4, 2, 3)
+    ours.eval()
+    theirs.eval()
+    batch = np.repeat([0, 1], [5, 6])
+    compare(ours, theirs, lambda m, x: m(x, batch), lambda m, x: m(x, torch.tensor(batch)), {"x": _features(11, 4)})
+    out, emb = ours(pg.tensor(_features(11, 4)), return_emb=True)
+    assert out.shape == (11, 2) and emb.shape == (11, 7)
+
+
+def test_mlp_inside_ginconv_matches_pyg(graph):
+    ei, n = graph
+    _seeded()
+    theirs = pyg_nn.GINConv(pyg_nn.MLP([4, 8, 3]), train_eps=True)
+    ours = nn.GINConv(nn.MLP([4, 8, 3], dtype=pg.float64), train_eps=True, dtype=pg.float64)
+    call = lambda m, x, ei: m(x, ei)  # noqa: E731
+    compare(ours, theirs, call, call, {"x": _features(n, 4), "ei": ei})
