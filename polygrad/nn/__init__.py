@@ -26,6 +26,7 @@ from .utils import clip_grad_norm_, grad_norm
 from .edge_convs import GINEConv, GraphConv, NNConv
 from .propagation import APPNP, ChebConv, SGConv
 from .norm import BatchNorm, BatchNorm1d, LayerNorm
+from .hetero import HeteroConv
 from .mlp import MLP  # noqa: F811 - PyG's MLP(channel_list, ...), still micrograd's MLP(nin, nouts)
 from .torch_state import load_torch_state_dict, torch_names, torch_state_dict
 
@@ -38,6 +39,6 @@ __all__ = [
     "GAT", "GraphSAGE", "GIN",
     # PyG parity, round 2
     "GraphConv", "GINEConv", "NNConv", "SGConv", "APPNP", "ChebConv",
-    "BatchNorm", "BatchNorm1d", "LayerNorm",
+    "BatchNorm", "BatchNorm1d", "LayerNorm", "HeteroConv",
     "load_torch_state_dict", "torch_state_dict", "torch_names",
 ]

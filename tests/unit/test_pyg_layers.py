@@ -390,3 +390,65 @@ def test_mlp_inside_ginconv_matches_pyg(graph):
     ours = nn.GINConv(nn.MLP([4, 8, 3], dtype=pg.float64), train_eps=True, dtype=pg.float64)
     call = lambda m, x, ei: m(x, ei)  # noqa: E731
     compare(ours, theirs, call, call, {"x": _features(n, 4), "ei": ei})
+
+
+# -- HeteroConv -------------------------------------------------------------------------------------
+
+def _bipartite(seed: int, n_src: int, n_dst: int, e: int) -> np.ndarray:
+    """Edges into the first two thirds of the destinations (the rest are isolated)."""
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(n_src * (2 * n_dst // 3), size=e, replace=False)
+    return np.stack([flat // (2 * n_dst // 3), flat % (2 * n_dst // 3)]).astype(np.int64)
+
+
+def _hetero_pair(make_ours, make_theirs, aggr):
+    spec = {("a", "r", "b"): ((3, 4), 2), ("b", "s", "b"): (4, 2), ("b", "t", "a"): ((4, 3), 2)}
+    ours = nn.HeteroConv({k: make_ours(*v) for k, v in spec.items()}, aggr=aggr)
+    theirs = pyg_nn.HeteroConv({k: make_theirs(*v) for k, v in spec.items()}, aggr=aggr)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean", "max", "min", "cat", None])
+def test_heteroconv_matches_pyg(aggr):
+    _seeded()
+    ours, theirs = _hetero_pair(lambda i, o: nn.GraphConv(i, o, dtype=pg.float64), pyg_nn.GraphConv, aggr)
+    edges = {("a", "r", "b"): _bipartite(1, 30, 24, 60), ("b", "s", "b"): _bipartite(2, 24, 24, 50),
+             ("b", "t", "a"): _bipartite(3, 24, 30, 40)}
+    inputs = {"xa": _features(30, 3), "xb": _features(24, 4, seed=4),
+              **{f"w{i}": _edge_weight(e.shape[1], seed=i) for i, e in enumerate(edges.values())}}
+    kinds = list(edges)
+
+    def run(cat, as_index):
+        def call(m, xa, xb, w0, w1, w2):
+            out = m({"a": xa, "b": xb}, {k: as_index(e) for k, e in edges.items()},
+                    edge_weight_dict=dict(zip(kinds, (w0, w1, w2))))
+            assert sorted(out) == ["a", "b"]
+            return cat([out["a"].reshape(-1), out["b"].reshape(-1)])
+        return call
+
+    compare(ours, theirs, run(pg.concat, np.asarray), run(torch.cat, torch.tensor), inputs,
+            ("xa", "xb", "w0", "w1", "w2"))
+
+
+def test_heteroconv_passes_edge_features_and_looks_up_by_edge_type():
+    _seeded()
+    mlp_ours, mlp_theirs = _mlp_pair(4, 5, 4)
+    with pytest.warns(UserWarning, match="do not get updated"):  # as PyG: "a" is never a destination
+        ours = nn.HeteroConv({("b", "s", "b"): nn.GINEConv(mlp_ours, edge_dim=2, dtype=pg.float64),
+                              ("a", "r", "b"): nn.GraphConv((3, 4), 4, dtype=pg.float64)})
+    with pytest.warns(UserWarning, match="do not get updated"):
+        theirs = pyg_nn.HeteroConv({("b", "s", "b"): pyg_nn.GINEConv(mlp_theirs, edge_dim=2),
+                                    ("a", "r", "b"): pyg_nn.GraphConv((3, 4), 4)})
+    assert isinstance(ours.convs[("b", "s", "b")], nn.GINEConv) and ("a", "r", "b") in ours.convs
+    edges = {("a", "r", "b"): _bipartite(1, 30, 24, 60), ("b", "s", "b"): _bipartite(2, 24, 24, 50)}
+    inputs = {"xa": _features(30, 3), "xb": _features(24, 4, seed=4), "ea": _features(50, 2, seed=5)}
+
+    def run(as_index):
+        def call(m, xa, xb, ea):
+            return m({"a": xa, "b": xb}, {k: as_index(e) for k, e in edges.items()},
+                     edge_attr_dict={("b", "s", "b"): ea})["b"]
+        return call
+
+    compare(ours, theirs, run(np.asarray), run(torch.tensor), inputs, ("xa", "xb", "ea"))
+    with pytest.raises(pg.errors.ShapeError, match="_dict"):
+        ours({"a": pg.tensor(inputs["xa"]), "b": pg.tensor(inputs["xb"])}, edges, edge_attr={})
