@@ -452,3 +452,62 @@ def test_heteroconv_passes_edge_features_and_looks_up_by_edge_type():
     compare(ours, theirs, run(np.asarray), run(torch.tensor), inputs, ("xa", "xb", "ea"))
     with pytest.raises(pg.errors.ShapeError, match="_dict"):
         ours({"a": pg.tensor(inputs["xa"]), "b": pg.tensor(inputs["xb"])}, edges, edge_attr={})
+
+
+# -- the state-dict converter on PyTorch modules and PyG's existing layers -------------------------
+
+def test_torch_state_dict_round_trips_through_torch_modules():
+    _seeded()
+    theirs = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2)).double()
+    ours = nn.Sequential(nn.Linear(4, 6, dtype=pg.float64), nn.ReLU(), nn.Linear(6, 2, dtype=pg.float64))
+    assert nn.torch_names(ours) == {"layers.0.weight": "0.weight", "layers.0.bias": "0.bias",
+                                    "layers.2.weight": "2.weight", "layers.2.bias": "2.bias"}
+    call = lambda m, x: m(x)  # noqa: E731
+    compare(ours, theirs, call, call, {"x": _features(5, 4)})
+    assert ours.layers[0].weight.shape == (4, 6)  # polygrad's [in, out], torch's [out, in]
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2)).double()
+    fresh.load_state_dict(nn.torch_state_dict(ours, as_torch=True))
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    exported = nn.torch_state_dict(ours)
+    assert all(isinstance(v, np.ndarray) for v in exported.values())  # numpy unless as_torch
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (nn.GCNConv(5, 3, dtype=pg.float64), pyg_nn.GCNConv(5, 3)),
+    lambda: (nn.SAGEConv(5, 3, dtype=pg.float64), pyg_nn.SAGEConv(5, 3)),
+    lambda: (nn.GATConv(5, 3, heads=2, dtype=pg.float64), pyg_nn.GATConv(5, 3, heads=2)),
+    lambda: (nn.GATConv(5, 3, heads=2, concat=False, dtype=pg.float64), pyg_nn.GATConv(5, 3, heads=2, concat=False)),
+], ids=["GCNConv", "SAGEConv", "GATConv", "GATConv-mean"])
+def test_pyg_weights_load_into_polygrads_existing_layers(graph, make):
+    ei, n = graph
+    _seeded()
+    ours, theirs = make()
+    if isinstance(ours, nn.GCNConv):
+        # polygrad's GCNConv propagates a *directed* edge_index target -> source (PyG: source ->
+        # target; reported, gcn.py is not this change's): compared on the symmetrised graph
+        ei = np.unique(np.concatenate([ei, ei[::-1]], axis=1), axis=1)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_()  # biases too (PyG starts them at zero)
+    call = lambda m, x, ei: m(x, ei)  # noqa: E731
+    compare(ours, theirs, call, call, {"x": _features(n, 5), "ei": ei})
+    back = make()[1].double()
+    back.load_state_dict(nn.torch_state_dict(ours, as_torch=True))
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+
+
+def test_load_torch_state_dict_names_missing_unexpected_and_misshapen_keys():
+    ours = nn.GraphConv(5, 3, dtype=pg.float64)
+    state = pyg_nn.GraphConv(5, 3).double().state_dict()
+    with pytest.raises(pg.errors.CheckpointError, match=r"missing torch keys \['lin_root.weight'\]"):
+        nn.load_torch_state_dict(ours, {k: v for k, v in state.items() if k != "lin_root.weight"})
+    with pytest.raises(pg.errors.CheckpointError, match="unexpected torch keys \\['extra'\\]"):
+        nn.load_torch_state_dict(ours, {**state, "extra": torch.zeros(1)})
+    with pytest.raises(pg.errors.ShapeError, match="lin_rel.weight"):
+        nn.load_torch_state_dict(ours, {**state, "lin_rel.weight": torch.zeros(5, 3, dtype=torch.float64)})
+    before = ours.lin_root.weight.numpy().copy()
+    nn.load_torch_state_dict(ours, {"lin_rel.bias": torch.ones(3)}, strict=False)
+    np.testing.assert_array_equal(ours.lin_rel.bias.numpy(), np.ones(3))
+    np.testing.assert_array_equal(ours.lin_root.weight.numpy(), before)
