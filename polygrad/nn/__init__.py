@@ -27,7 +27,7 @@ from .edge_convs import GINEConv, GraphConv, NNConv
 from .propagation import APPNP, ChebConv, SGConv
 from .norm import BatchNorm, BatchNorm1d, LayerNorm
 from .hetero import HeteroConv
-from .mlp import MLP  # noqa: F811 - PyG's MLP(channel_list, ...), still micrograd's MLP(nin, nouts)
+from .mlp import MLP  # type: ignore[assignment]  # noqa: F811 - PyG's MLP(channel_list, ...), also micrograd's
 from .torch_state import load_torch_state_dict, torch_names, torch_state_dict
 
 __all__ = [

@@ -24,7 +24,7 @@ from .layers import Linear, Sequential
 from .message_passing import MessagePassing
 from .module import Module
 
-__all__ = ["GraphConv", "GINEConv", "NNConv", "split_pair", "propagate_pair"]
+__all__ = ["EdgeConv", "GraphConv", "GINEConv", "NNConv", "split_pair", "propagate_pair"]
 
 def split_pair(x: Any) -> tuple[Tensor, Tensor | None]:
     """``(x_src, x_dst)``: a pair as given, a single tensor as ``(x, x)`` (PyG's convention)."""
@@ -38,8 +38,21 @@ def split_pair(x: Any) -> tuple[Tensor, Tensor | None]:
     return x, x
 
 
-def _dense(x: Tensor | None) -> Tensor | None:
-    return x.to_dense() if x is not None and is_sparse(x) else x
+def _dense_pair(x: Any) -> tuple[Tensor, Tensor | None]:
+    """:func:`split_pair` with sparse features made dense (messages are per-edge rows)."""
+    x_src, x_dst = split_pair(x)
+    if is_sparse(x_src):
+        x_src = x_src.to_dense()
+    if x_dst is not None and is_sparse(x_dst):
+        x_dst = x_dst.to_dense()
+    return x_src, x_dst
+
+
+class EdgeConv(MessagePassing):
+    """A :class:`MessagePassing` layer whose ``message(x_j, <edge_arg>)`` takes one per-edge tensor."""
+
+    #: the name of the per-edge argument of ``message`` (and of ``propagate``)
+    edge_arg: str = "edge_weight"
 
 
 def _edge_index(layer: str, edge_index: Any) -> np.ndarray:
@@ -49,7 +62,7 @@ def _edge_index(layer: str, edge_index: Any) -> np.ndarray:
     return ei.astype(np.int64, copy=False)
 
 
-def propagate_pair(layer: MessagePassing, edge_index: Any, x_src: Tensor, x_dst: Tensor | None,
+def propagate_pair(layer: EdgeConv, edge_index: Any, x_src: Tensor, x_dst: Tensor | None,
                    size: Sequence[int] | None, edge: Tensor | None) -> Tensor:
     """``layer``'s message -> aggregate from ``x_src`` into the destination nodes.
 
@@ -59,7 +72,8 @@ def propagate_pair(layer: MessagePassing, edge_index: Any, x_src: Tensor, x_dst:
     """
     name = type(layer).__name__
     if x_dst is x_src and size is None:
-        return layer.propagate(edge_index, x=x_src, **{layer.edge_arg: edge})
+        per_edge: dict[str, Any] = {layer.edge_arg: edge}
+        return layer.propagate(edge_index, x=x_src, **per_edge)
     ei = _edge_index(name, edge_index)
     n_src = x_src.shape[0]
     if size is not None:
@@ -93,7 +107,7 @@ def _as_tensor(value: Any, like: Tensor) -> Tensor | None:
                         tuple(np.shape(value)), like.dtype)
 
 
-class GraphConv(MessagePassing):
+class GraphConv(EdgeConv):
     """Weisfeiler-Leman graph convolution (Morris et al. 2019), PyG's ``GraphConv``:
     ``x'_i = W_1 x_i + W_2 · aggr_{j -> i} e_ji x_j`` (``lin_root``, ``lin_rel`` with the bias).
 
@@ -117,8 +131,7 @@ class GraphConv(MessagePassing):
 
     def forward(self, x: Any, edge_index: Any, edge_weight: Any = None,
                 size: Sequence[int] | None = None) -> Tensor:
-        x_src, x_dst = split_pair(x)
-        x_src, x_dst = _dense(x_src), _dense(x_dst)
+        x_src, x_dst = _dense_pair(x)
         out = propagate_pair(self, edge_index, x_src, x_dst, size, _as_tensor(edge_weight, self.lin_rel.weight))
         out = self.lin_rel(out)
         if x_dst is not None:
@@ -146,7 +159,7 @@ def _in_features(nn: Any) -> int:
                      "give it in_features / in_channels")
 
 
-class GINEConv(MessagePassing):
+class GINEConv(EdgeConv):
     """GIN with edge features (Hu et al. 2020), PyG's ``GINEConv``:
     ``x'_i = nn((1 + eps) · x_i + sum_{j -> i} ReLU(x_j + lin(e_ji)))``.
 
@@ -166,7 +179,7 @@ class GINEConv(MessagePassing):
         self.lin = (Linear(int(edge_dim), _in_features(nn), dtype=dtype, backend=backend)
                     if edge_dim is not None else None)
 
-    def message(self, x_j: Tensor, edge_attr: Tensor) -> Tensor:
+    def message(self, x_j: Tensor, edge_attr: Tensor) -> Tensor:  # type: ignore[override]  # by name, as PyG
         if self.lin is None and (edge_attr.ndim != 2 or x_j.shape[-1] != edge_attr.shape[-1]):
             raise ShapeError(f"GINEConv: edge features of shape {edge_attr.shape} do not match the node "
                              f"features' width {x_j.shape[-1]}; set edge_dim to map them")
@@ -178,18 +191,18 @@ class GINEConv(MessagePassing):
                 size: Sequence[int] | None = None) -> Tensor:
         if edge_attr is None:
             raise ShapeError("GINEConv needs edge_attr (use GINConv for a graph without edge features)")
-        x_src, x_dst = split_pair(x)
-        x_src, x_dst = _dense(x_src), _dense(x_dst)
+        x_src, x_dst = _dense_pair(x)
         out = propagate_pair(self, edge_index, x_src, x_dst, size, _as_tensor(edge_attr, x_src))
         if x_dst is not None:
             out = out + x_dst * (self.eps + 1.0)
         return self.nn(out)
 
     def extra_repr(self) -> str:
-        return f"eps={self.initial_eps}, train_eps={self.train_eps}, edge_dim={None if self.lin is None else self.lin.in_features}"
+        edge_dim = None if self.lin is None else self.lin.in_features
+        return f"eps={self.initial_eps}, train_eps={self.train_eps}, edge_dim={edge_dim}"
 
 
-class NNConv(MessagePassing):
+class NNConv(EdgeConv):
     """Edge-conditioned convolution (Gilmer et al. 2017), PyG's ``NNConv`` (``ECConv``):
     ``x'_i = W x_i + aggr_{j -> i} x_j · h(e_ji) + b``.
 
@@ -214,7 +227,7 @@ class NNConv(MessagePassing):
                     if self.root_weight else None)
         self.bias = _init.zeros((self.out_channels,), dtype, backend) if bias else None
 
-    def message(self, x_j: Tensor, edge_attr: Tensor) -> Tensor:
+    def message(self, x_j: Tensor, edge_attr: Tensor) -> Tensor:  # type: ignore[override]  # by name, as PyG
         weight = self.nn(edge_attr)
         fin, fout = self.in_channels_l, self.out_channels
         if weight.ndim != 2 or weight.shape[-1] != fin * fout:
@@ -226,8 +239,7 @@ class NNConv(MessagePassing):
                 size: Sequence[int] | None = None) -> Tensor:
         if edge_attr is None:
             raise ShapeError("NNConv needs edge_attr (the input of nn)")
-        x_src, x_dst = split_pair(x)
-        x_src, x_dst = _dense(x_src), _dense(x_dst)
+        x_src, x_dst = _dense_pair(x)
         if x_src.ndim != 2 or x_src.shape[1] != self.in_channels_l:
             raise ShapeError(f"NNConv: source features of shape {x_src.shape} must be [N, {self.in_channels_l}]")
         out = propagate_pair(self, edge_index, x_src, x_dst, size, _as_tensor(edge_attr, x_src))

@@ -84,7 +84,9 @@ class MLP(layers.MLP):
     Linear weights start Glorot (PyG: kaiming-uniform).
     """
 
-    def __init__(self, channel_list: "Sequence[int] | int | None" = None, nouts: "Sequence[int] | int | None" = None,
+    dropout: Any  # PyG's form: one rate per layer (micrograd's: one float)
+
+    def __init__(self, channel_list: Any = None, nouts: Any = None,
                  *, in_channels: int | None = None, hidden_channels: int | None = None,
                  out_channels: int | None = None, num_layers: int | None = None,
                  dropout: "float | Sequence[float]" = 0.0, act: Any = "relu", act_first: bool = False,
@@ -105,7 +107,7 @@ class MLP(layers.MLP):
                 raise ValueError(f"MLP: argument hidden_channels must be given for num_layers={num_layers}")
             if out_channels is None:
                 raise ValueError("MLP: argument out_channels must be given")
-            channel_list = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]  # type: ignore[list-item]
+            channel_list = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
         if not isinstance(channel_list, (list, tuple)) or len(channel_list) < 2:
             raise ShapeError(f"MLP: channel_list must list at least two sizes, got {channel_list!r}")
         self.channel_list = [int(c) for c in channel_list]

@@ -56,26 +56,34 @@ class BatchNorm1d(Module):
         c = self.num_features
         self.weight = _param(1.0, c, dtype, backend) if self.affine else None
         self.bias = _param(0.0, c, dtype, backend) if self.affine else None
+        self.running_mean: Tensor | None = None
+        self.running_var: Tensor | None = None
+        self.num_batches_tracked: Tensor | None = None
         if self.track_running_stats:
             self.running_mean = _buffer(0.0, c, dtype, backend)
             self.running_var = _buffer(1.0, c, dtype, backend)
             self.num_batches_tracked = pg.tensor(np.array(0, dtype=np.int64), backend=backend)
-        else:
-            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def _stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        if self.running_mean is None or self.running_var is None or self.num_batches_tracked is None:
+            raise ShapeError(f"{type(self).__name__}: no running statistics (built with track_running_stats=False)")
+        return self.running_mean, self.running_var, self.num_batches_tracked
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            self.running_mean.update_(np.zeros(self.num_features))
-            self.running_var.update_(np.ones(self.num_features))
-            self.num_batches_tracked.update_(np.array(0, dtype=np.int64))
+            mean, var, tracked = self._stats()
+            mean.update_(np.zeros(self.num_features))
+            var.update_(np.ones(self.num_features))
+            tracked.update_(np.array(0, dtype=np.int64))
 
     def _update_running_stats(self, mean: Tensor, var: Tensor, n: int) -> None:
-        tracked = int(self.num_batches_tracked.item()) + 1
-        self.num_batches_tracked.update_(np.array(tracked, dtype=np.int64))
+        running_mean, running_var, num_batches = self._stats()
+        tracked = int(num_batches.item()) + 1
+        num_batches.update_(np.array(tracked, dtype=np.int64))
         factor = 1.0 / tracked if self.momentum is None else float(self.momentum)
         unbiased = var.detach() * (n / (n - 1))
-        self.running_mean.update_(self.running_mean * (1.0 - factor) + mean.detach() * factor)
-        self.running_var.update_(self.running_var * (1.0 - factor) + unbiased * factor)
+        running_mean.update_(running_mean * (1.0 - factor) + mean.detach() * factor)
+        running_var.update_(running_var * (1.0 - factor) + unbiased * factor)
 
     def normalize(self, x: Tensor, use_batch_stats: bool, update: bool) -> Tensor:
         """The normalisation with batch (``use_batch_stats``) or running statistics."""
@@ -91,8 +99,9 @@ class BatchNorm1d(Module):
                 self._update_running_stats(mean, var, n)
             out = centered / (var + self.eps) ** 0.5
         else:
-            out = (x - self.running_mean) / (self.running_var + self.eps) ** 0.5
-        if self.weight is not None:
+            running_mean, running_var, _ = self._stats()
+            out = (x - running_mean) / (running_var + self.eps) ** 0.5
+        if self.weight is not None and self.bias is not None:
             out = out * self.weight + self.bias
         return out
 

@@ -128,11 +128,9 @@ class SGConv(MessagePassing):
 
     ``cached=True`` keeps ``Â^K X`` between calls, as PyG; differs on purpose: polygrad checks
     that ``x`` and the graph are the ones it was computed from (their content) and recomputes
-    otherwise, where PyG reuses it for any input; a call with ``edge_weight`` is never cached.  PyG's parameter names (``lin.weight``,
-    ``lin.bias``).
+    otherwise, where PyG reuses it for any input; a call with ``edge_weight`` is never cached.
+    PyG's parameter names (``lin.weight``, ``lin.bias``).
     """
-
-    edge_arg = "edge_weight"
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
                  add_self_loops: bool = True, bias: bool = True, dtype: Any = None, backend: Any = None):
@@ -176,8 +174,6 @@ class APPNP(MessagePassing):
     PyG's signature: the graph's index work is always cached by content, and the weights are
     recomputed each call (O(E)) so a gradient to ``edge_weight`` stays correct.
     """
-
-    edge_arg = "edge_weight"
 
     def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
                  add_self_loops: bool = True, normalize: bool = True):
@@ -263,8 +259,6 @@ class ChebConv(MessagePassing):
     or one per graph with ``batch``) defaults to twice the largest entry of ``L``, as PyG's code
     does.  PyG's parameter names (``lins.k.weight``, ``bias``).
     """
-
-    edge_arg = "edge_weight"
 
     def __init__(self, in_channels: int, out_channels: int, K: int, normalization: str | None = "sym",
                  bias: bool = True, dtype: Any = None, backend: Any = None):
