@@ -511,3 +511,19 @@ def test_load_torch_state_dict_names_missing_unexpected_and_misshapen_keys():
     nn.load_torch_state_dict(ours, {"lin_rel.bias": torch.ones(3)}, strict=False)
     np.testing.assert_array_equal(ours.lin_rel.bias.numpy(), np.ones(3))
     np.testing.assert_array_equal(ours.lin_root.weight.numpy(), before)
+
+
+def test_heteroconv_on_one_node_type_matches_pyg(graph):
+    ei, n = graph  # Cora's citations and their reverse as two relations of one node type
+    _seeded()
+    edge_types = [("p", "cites", "p"), ("p", "cited_by", "p")]
+    ours = nn.HeteroConv({k: nn.GraphConv(5, 3, aggr=a, dtype=pg.float64) for k, a in zip(edge_types, ("add", "mean"))},
+                         aggr="mean")
+    theirs = pyg_nn.HeteroConv({k: pyg_nn.GraphConv(5, 3, aggr=a) for k, a in zip(edge_types, ("add", "mean"))},
+                               aggr="mean")
+    edges = {edge_types[0]: ei, edge_types[1]: np.ascontiguousarray(ei[::-1])}
+
+    def run(as_index):
+        return lambda m, x: m({"p": x}, {k: as_index(e) for k, e in edges.items()})["p"]
+
+    compare(ours, theirs, run(np.asarray), run(torch.tensor), {"x": _features(n, 5)})
