@@ -20,11 +20,12 @@ from polygrad.sparse import is_sparse
 from polygrad.tensor import Tensor
 
 from . import init as _init
-from .layers import Linear, Sequential
+from .layers import Linear, Sequential, as_input
 from .message_passing import MessagePassing
 from .module import Module
 
 __all__ = ["EdgeConv", "GraphConv", "GINEConv", "NNConv", "split_pair", "propagate_pair"]
+
 
 def split_pair(x: Any) -> tuple[Tensor, Tensor | None]:
     """``(x_src, x_dst)``: a pair as given, a single tensor as ``(x, x)`` (PyG's convention)."""
@@ -101,10 +102,8 @@ def _channels(in_channels: "int | tuple[int, int]") -> tuple[int, int]:
 
 
 def _as_tensor(value: Any, like: Tensor) -> Tensor | None:
-    if value is None or isinstance(value, Tensor):
-        return value
-    return Tensor._make(like._be.from_numpy(np.asarray(value, dtype=like.dtype)), like._be,
-                        tuple(np.shape(value)), like.dtype)
+    """Per-edge data as a tensor on ``like``'s backend and dtype (None stays None)."""
+    return None if value is None else as_input(value, like)
 
 
 class GraphConv(EdgeConv):

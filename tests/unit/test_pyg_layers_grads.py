@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polygrad as pg
 from polygrad import nn
@@ -222,10 +224,6 @@ def test_micrograd_mlp_form_is_unchanged():
 
 
 # -- the fast paths against the slow ones ------------------------------------------------------------
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 
 @st.composite
 def graphs(draw):
