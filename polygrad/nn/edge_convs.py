@@ -72,8 +72,8 @@ def propagate_pair(layer: EdgeConv, edge_index: Any, x_src: Tensor, x_dst: Tenso
     edge)`` scattered into ``size[1]`` (default ``x_dst``'s rows) destinations.
     """
     name = type(layer).__name__
+    per_edge: dict[str, Any] = {layer.edge_arg: edge}
     if x_dst is x_src and size is None:
-        per_edge: dict[str, Any] = {layer.edge_arg: edge}
         return layer.propagate(edge_index, x=x_src, **per_edge)
     ei = _edge_index(name, edge_index)
     n_src = x_src.shape[0]
@@ -91,8 +91,8 @@ def propagate_pair(layer: EdgeConv, edge_index: Any, x_src: Tensor, x_dst: Tenso
                          "(destinations)")
     if edge is not None and (edge.ndim < 1 or edge.shape[0] != ei.shape[1]):
         raise ShapeError(f"{name}: {layer.edge_arg} of shape {edge.shape} needs one row per edge ({ei.shape[1]})")
-    messages = layer.message(x_src[ei[0]], edge)
-    return layer.aggregate(messages, ei[1], n_dst)
+    messages = layer.message(x_j=x_src[ei[0]], **per_edge)  # keywords: as propagate fills them
+    return layer.aggregate(messages, index=ei[1], dim_size=n_dst)
 
 
 def _channels(in_channels: "int | tuple[int, int]") -> tuple[int, int]:
