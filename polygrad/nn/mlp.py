@@ -9,6 +9,7 @@ ambiguity, and existing code keeps working.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -18,20 +19,22 @@ from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
 
 from . import layers
-from .layers import Identity, Linear, dropout
+from .layers import Identity, Linear, ReLU, Sigmoid, Tanh, dropout
 from .module import Module
 from .norm import BatchNorm, LayerNorm
 
 __all__ = ["MLP", "resolve_activation", "resolve_norm"]
 
+#: activation name -> a factory taking the activation's keyword arguments; what it makes is a
+#: Module or a functools.partial, so an MLP pickles and deep-copies like any module
 _ACTIVATIONS: dict[str, Callable[..., Callable[[Tensor], Tensor]]] = {
-    "relu": lambda: (lambda x: x.relu()),
-    "tanh": lambda: (lambda x: x.tanh()),
-    "sigmoid": lambda: (lambda x: x.sigmoid()),
-    "leaky_relu": lambda negative_slope=0.01: (lambda x: leaky_relu(x, negative_slope)),
-    "elu": lambda alpha=1.0: (lambda x: elu(x, alpha)),
-    "gelu": lambda approximate="none": (lambda x: gelu(x, approximate)),
-    "softplus": lambda beta=1.0, threshold=20.0: (lambda x: softplus(x, beta, threshold)),
+    "relu": ReLU,
+    "tanh": Tanh,
+    "sigmoid": Sigmoid,
+    "leaky_relu": lambda negative_slope=0.01: partial(leaky_relu, negative_slope=negative_slope),
+    "elu": lambda alpha=1.0: partial(elu, alpha=alpha),
+    "gelu": lambda approximate="none": partial(gelu, approximate=approximate),
+    "softplus": lambda beta=1.0, threshold=20.0: partial(softplus, beta=beta, threshold=threshold),
 }
 
 

@@ -3,6 +3,8 @@ inputs, edge weights / features and every parameter, on numpy and on the scalar 
 small directed graph with a self loop and an isolated node.  Also their bad-input errors."""
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any, Callable
 
 import numpy as np
@@ -279,3 +281,23 @@ def test_structure_cache_follows_edge_index_content(g):
             np.testing.assert_array_equal(layer(x, ei).numpy(), fresh(x, ei).numpy())
         if ei.size:
             ei[0] = rng.integers(0, n, size=ei.shape[1])  # edited in place: same object, new content
+
+
+def test_layers_pickle_and_deepcopy_with_their_state():
+    pg.manual_seed(0)
+    x = pg.tensor(_data(N, 3))
+    cases = [
+        (nn.GraphConv(3, 2, dtype=pg.float64), lambda m: m(x, EDGES)),
+        (nn.GINEConv(nn.MLP([3, 4, 2], act="leaky_relu", dtype=pg.float64), edge_dim=2, dtype=pg.float64),
+         lambda m: m(x, EDGES, _data(EDGES.shape[1], 2))),
+        (nn.ChebConv(3, 2, K=2, dtype=pg.float64), lambda m: m(x, EDGES)),
+        (nn.BatchNorm(3, dtype=pg.float64), lambda m: m(x)),
+        (nn.HeteroConv({("a", "r", "a"): nn.GraphConv(3, 2, dtype=pg.float64)}),
+         lambda m: m({"a": x}, {("a", "r", "a"): EDGES})["a"]),
+    ]
+    for layer, run in cases:
+        layer.eval()
+        want = run(layer).numpy()  # caches built before the copies are taken
+        for clone in (pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer)):
+            np.testing.assert_array_equal(run(clone).numpy(), want)
+            assert list(clone.state_dict()) == list(layer.state_dict())
