@@ -23,6 +23,13 @@ from .convs import GATConv, GINConv, SAGEConv
 from .pool import global_add_pool, global_max_pool, global_mean_pool
 from .gnn_models import GAT, GIN, GraphSAGE
 from .utils import clip_grad_norm_, grad_norm
+# -- PyG parity, round 2: layers, norms, PyG's MLP, HeteroConv, torch state dicts --
+from .edge_convs import GINEConv, GraphConv, NNConv
+from .propagation import APPNP, ChebConv, SGConv
+from .norm import BatchNorm, BatchNorm1d, LayerNorm
+from .hetero import HeteroConv
+from .mlp import MLP  # type: ignore[assignment]  # noqa: F811 - PyG's MLP(channel_list, ...), also micrograd's
+from .torch_state import load_torch_state_dict, torch_names, torch_state_dict
 
 __all__ = [
     "Module", "Linear", "MLP", "Dropout", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential",
@@ -32,4 +39,8 @@ __all__ = [
     "clip_grad_norm_", "grad_norm", "init", "utils",
     "MessagePassing", "GATConv", "SAGEConv", "GINConv", "global_add_pool", "global_mean_pool", "global_max_pool",
     "GAT", "GraphSAGE", "GIN",
+    # PyG parity, round 2
+    "GraphConv", "GINEConv", "NNConv", "SGConv", "APPNP", "ChebConv",
+    "BatchNorm", "BatchNorm1d", "LayerNorm", "HeteroConv",
+    "load_torch_state_dict", "torch_state_dict", "torch_names",
 ]
