@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import polygrad as pg
-from polygrad.capture import Compiled
+from polygrad.compile import Compiled
 from polygrad.errors import NonFiniteError
 
 from .nn.module import Module

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import polygrad as pg
-from polygrad.capture import host_call
+from polygrad.compile import host_call
 from polygrad.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 

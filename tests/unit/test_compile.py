@@ -8,7 +8,7 @@ import pytest
 import polygrad as pg
 from polygrad import nn, optim
 from polygrad import data as pdata
-from polygrad.capture import CompileError
+from polygrad.compile import CompileError
 from polygrad.demos import load_graph
 from polygrad.errors import BackendError, FallbackWarning
 from polygrad.testing import inject_fault
@@ -551,7 +551,7 @@ def test_step_that_clears_gradients_itself_replays_without_recapturing():
 
 
 def test_interpreter_and_generated_replays_agree(monkeypatch):
-    import polygrad.capture as capture
+    from polygrad.compile import executor
 
     def run() -> tuple[list[float], list[np.ndarray]]:
         model, step = _moons()
@@ -561,7 +561,7 @@ def test_interpreter_and_generated_replays_agree(monkeypatch):
 
     fast_losses, fast_params, f = run()
     assert next(iter(f._cache.values())).capture.fast is not None
-    monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # every program through the interpreter
+    monkeypatch.setattr(executor, "MAX_GENERATED", 0)  # every program through the interpreter
     slow_losses, slow_params, g = run()
     assert next(iter(g._cache.values())).capture.fast is None and g.stats["replays"] == 5
     assert fast_losses == slow_losses

@@ -174,10 +174,10 @@ def test_demos_report_whether_steps_were_replayed(monkeypatch, capsys):
 
 @pytest.mark.parametrize("generated", [True, False])
 def test_dropout_replay_draws_equal_eager_in_both_replay_paths(generated, monkeypatch):
-    from polygrad import capture
+    from polygrad.compile import executor
 
     if not generated:
-        monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # the interpreter replays the program
+        monkeypatch.setattr(executor, "MAX_GENERATED", 0)  # the interpreter replays the program
     x = pg.tensor(np.linspace(-2.0, 2.0, 3 * 40).reshape(3, 40), dtype=pg.float32)
     f = pg.compile(lambda t: nn.dropout(t, 0.3) * 1.0, warmup=0)
     for _ in range(3):
@@ -220,7 +220,7 @@ def test_replay_calls_a_declared_small_variant_only_at_small_call_sites(monkeypa
 def test_small_variant_not_honoured_for_a_wrapper_that_copied_it():
     import functools
 
-    from polygrad.capture import _small
+    from polygrad.compile.executor import _small
 
     def kernel(a, b):
         return a + b
@@ -279,13 +279,13 @@ def _row_gather_case(rows, values=None, return_logits=False, seed=0):
 
 def _program_rows(compiled) -> set:
     """Row counts of the SpMM patterns in the compiled function's captures."""
-    from polygrad import capture
+    from polygrad.compile import Kernel
     seen = set()
     for entry in compiled._cache.values():
         if entry.capture is not None:
             for e in entry.capture.program:
-                if e[0] == capture._KERNEL and e[2][0] == pg.Op.SPMM:
-                    seen.add(e[4]["pattern"].shape[0])
+                if isinstance(e, Kernel) and e.op == pg.Op.SPMM:
+                    seen.add(e.attrs["pattern"].shape[0])
     return seen
 
 
@@ -347,10 +347,10 @@ def test_row_gather_rewrite_keeps_a_promoted_sum_dtype():
         assert got.dtype == want.dtype == np.float64
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert compiled.stats["replays"] >= 2 and _program_rows(compiled) == {3}
-    from polygrad import capture
+    from polygrad.compile import Kernel
     cap = next(e.capture for e in compiled._cache.values() if e.capture is not None)
-    adds = [e for e in cap.program if e[0] == capture._KERNEL and e[2][0] == pg.Op.ADD]
-    assert adds and all(cap.meta[e[5]][1] == e[6] and cap.meta[e[5]][2] == np.float64 for e in adds)
+    adds = [e for e in cap.program if isinstance(e, Kernel) and e.op == pg.Op.ADD]
+    assert adds and all(cap.meta[e.out][1] == e.shape and cap.meta[e.out][2] == np.float64 for e in adds)
 
 
 def test_take_rows_is_right_cached_and_bounded():
