@@ -13,8 +13,8 @@ from ..registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
 from .executor import _HostFailed, _replay, prepare
-from .guards import _flatten, _modules_of
-from .program import Capture, _mismatch, _Refused, _ReplayFault
+from .guards import _modules_of, flatten_call, python_changed, python_state, sizes
+from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
 from .recorder import _Recorder
 
 
@@ -35,10 +35,14 @@ class Compiled:
     refused capture was refused."""
 
     def __init__(self, fn: Callable, cache_size: int = 8, warmup: int = 1, modules: Any = None,
-                 enabled: bool = True):
+                 enabled: bool = True, pure: bool = False):
+        if not callable(fn):
+            raise CompileError(f"pg.compile expects a function (or another callable) to compile, got "
+                               f"{type(fn).__name__} {fn!r}")
         if cache_size < 1 or warmup < 0:
             raise ValueError(f"pg.compile: cache_size must be >= 1 and warmup >= 0, got {cache_size}, {warmup}")
         self.fn = fn
+        self.pure = bool(pure)
         self.cache_size = cache_size
         self.warmup = warmup
         self.enabled = enabled
@@ -63,9 +67,7 @@ class Compiled:
     def _key(self, args: tuple, kwargs: dict) -> tuple[list, tuple]:
         flat: list = []
         parts: list = []
-        _flatten(args, flat, parts)
-        if kwargs:
-            _flatten(kwargs, flat, parts)
+        flatten_call(self.fn, args, kwargs, flat, parts)
         events = registry.events
         parts.append((is_grad_enabled(), get_backend(), config.fallback, config.validate,
                       repr(config.fallback_chain), config.sparse_threshold, config.sparse_min_elements,
@@ -87,6 +89,10 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.enabled or _recording.get() is not None:  # nested in a capture: part of it
+            return self.fn(*args, **kwargs)
+        if not self.pure:  # the default mode: the user's Python runs every call, as eager
+            flatten_call(self.fn, args, kwargs, [], [])  # the same arguments as pure mode accepts
+            self.stats["eager"] += 1
             return self.fn(*args, **kwargs)
         flat, key = self._key(args, kwargs)
         entry = self._entry(key)
@@ -134,13 +140,19 @@ class Compiled:
         for m in (*self._modules, *arg_modules):  # at capture time only: parameter lists walked once
             state += [p._values if isinstance(p, SparseTensor) else p for p in m.parameters()]
         rec = _Recorder(flat, state)
+        python = python_state(self.fn)
+        lengths = sizes(python)
         token = _recording.set(rec)
         try:
             out = self.fn(*args, **kwargs)
         finally:
             _recording.reset(token)
         try:
+            changed = python_changed(python, lengths)
+            if changed is not None:
+                rec.refuse(changed + ": a replay without Python would not")
             cap = prepare(rec.finish(out))
+            cap.guards.python = python
             self.stats["captures"] += 1
             if entry.candidate is None:  # the first capture is checked against a second one
                 entry.candidate = cap
@@ -169,8 +181,8 @@ class Compiled:
             self._cache.clear()
 
 
-def compile(fn: Callable | None = None, *, cache_size: int = 8, warmup: int = 1, modules: Any = None,
-            enabled: bool = True) -> Any:  # noqa: A001 - pg.compile, like torch.compile
+def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int = 8, warmup: int = 1,
+            modules: Any = None, enabled: bool = True) -> Any:  # noqa: A001 - pg.compile, like torch.compile
     """Capture ``fn`` (a training or inference step) once and replay its kernels afterwards.
 
     Use as ``step = pg.compile(fn)`` or as a decorator (``@pg.compile`` or
@@ -180,5 +192,5 @@ def compile(fn: Callable | None = None, *, cache_size: int = 8, warmup: int = 1,
     always runs ``fn`` eagerly.  See the module docstring for what is replayed and guarded.
     """
     if fn is None:
-        return lambda f: Compiled(f, cache_size, warmup, modules, enabled)
-    return Compiled(fn, cache_size, warmup, modules, enabled)
+        return lambda f: Compiled(f, cache_size, warmup, modules, enabled, pure)
+    return Compiled(fn, cache_size, warmup, modules, enabled, pure)

@@ -1,7 +1,10 @@
-"""Guards: what a compiled function's cache key is made of (argument structure, shapes, modes)."""
+"""Guards: what a compiled function's cache key is made of (argument structure, shapes, modes), and
+what else a pure replay must find unchanged since its capture (:class:`StateGuards`)."""
 from __future__ import annotations
 
+import inspect
 import types
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -9,6 +12,62 @@ import numpy as np
 from ..sparse import SparseTensor
 from ..tensor import Tensor
 from .program import CompileError
+
+
+SUPPORTED = ("tensors, Python scalars (bool, int, float), None, strings, numpy scalars, tuples, lists and "
+             "dicts of those, modules and other hashable objects (optimizers, functions: by identity)")
+
+
+def flatten_call(fn: Callable, args: tuple, kwargs: dict, flat: list, key: list) -> None:
+    """:func:`_flatten` over a call's arguments; an argument it cannot guard is a CompileError
+    that names it (by parameter name where ``fn``'s signature says it) and what is supported."""
+    try:
+        key.append((tuple, len(args)))
+        for i, a in enumerate(args):
+            try:
+                _flatten(a, flat, key)
+            except _Unsupported as bad:
+                bad.path += [i, "args"]
+                raise
+        if kwargs:
+            key.append((dict, tuple(kwargs)))
+            for k, v in kwargs.items():
+                try:
+                    _flatten(v, flat, key)
+                except _Unsupported as bad:
+                    bad.path += [k, "kwargs"]
+                    raise
+    except _Unsupported as bad:
+        raise CompileError(f"pg.compile({getattr(fn, '__name__', fn)!s}): {_argument_name(fn, args, bad.path)} is "
+                           f"{bad.what}, which a compiled function cannot guard; it takes {SUPPORTED}") from None
+
+
+class _Unsupported(Exception):
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+        self.path: list = []
+
+
+def _argument_name(fn: Callable, args: tuple, path: list) -> str:
+    """'argument 'x'' / 'argument 'batch'[2]' for the path of an unsupported value."""
+    path = list(reversed(path))
+    if path and path[0] == "args" and len(path) > 1:  # positional: its parameter's name if known
+        index = path[1]
+        name = f"positional argument {index}"
+        try:
+            params = [q for q in inspect.signature(fn).parameters.values()
+                      if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+            if index < len(params):
+                name = f"argument {params[index].name!r}"
+        except (TypeError, ValueError):
+            pass
+        rest = path[2:]
+    elif path and path[0] == "kwargs" and len(path) > 1:
+        name, rest = f"argument {path[1]!r}", path[2:]
+    else:
+        name, rest = "an argument", path[1:]
+    return name + "".join(f"[{p!r}]" for p in rest)
 
 
 def _flatten(x: Any, flat: list, key: list) -> None:
@@ -24,18 +83,32 @@ def _flatten(x: Any, flat: list, key: list) -> None:
         key.append((type(x), x))
     elif isinstance(x, (tuple, list)):
         key.append((type(x), len(x)))
-        for v in x:
-            _flatten(v, flat, key)
+        for i, v in enumerate(x):
+            try:
+                _flatten(v, flat, key)
+            except _Unsupported as bad:
+                bad.path.append(i)
+                raise
     elif isinstance(x, dict):
         key.append((dict, tuple(x)))
-        for v in x.values():
-            _flatten(v, flat, key)
+        for k, v in x.items():
+            try:
+                _flatten(v, flat, key)
+            except _Unsupported as bad:
+                bad.path.append(k)
+                raise
     elif isinstance(x, np.ndarray):
-        raise CompileError(f"pg.compile: a numpy array argument {x.shape} would be frozen into the capture; "
-                           "pass pg.tensor(array) instead")
+        raise _Unsupported(f"a numpy array of shape {x.shape} (it would be frozen into the capture; "
+                           "pass pg.tensor(array) instead)")
+    elif isinstance(x, (set, frozenset)):
+        raise _Unsupported(f"a {type(x).__name__} (unordered: pass a tuple or list)")
     elif hasattr(x, "training") and callable(getattr(x, "modules", None)):  # a module (e.g. self)
         key.append(("module", x, tuple(m.training for m in x.modules())))
     else:  # optimizers, callables, other objects: by identity (their tensors are read live)
+        try:
+            hash(x)
+        except TypeError:
+            raise _Unsupported(f"an unhashable {type(x).__name__}") from None
         key.append(("object", x))
 
 
@@ -77,3 +150,120 @@ def _filled(cell) -> bool:
     except ValueError:  # an empty cell (a name assigned later)
         return False
     return True
+
+
+def param_lists(optimizer: Any) -> tuple:
+    """An optimizer's parameter lists, one tuple per group (compared by identity)."""
+    return tuple(tuple(g.get("params", ())) for g in optimizer.param_groups)
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _same_array(now: np.ndarray, seen: np.ndarray) -> bool:
+    return (now.shape == seen.shape and now.dtype == seen.dtype
+            and bool(np.array_equal(now, seen, equal_nan=seen.dtype.kind in "fc")))
+
+
+def python_state(fn: Callable) -> list[tuple[Any, str, Any, Any]]:
+    """What ``fn``'s Python reads that is not an argument: each closure cell and each global it
+    names (for a bound method, of its function), as ``(where, name, object, copy)``; ``copy`` is the
+    content of a numpy array (guarded by value: in-place edits count), else None (by identity: a
+    rebound name counts).  Attributes reached through objects are not followed."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    code = getattr(fn, "__code__", None)
+    out: list[tuple[Any, str, Any, Any]] = []
+    if code is None:
+        return out
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        if _filled(cell):
+            obj = cell.cell_contents
+            out.append((cell, name, obj, obj.copy() if isinstance(obj, np.ndarray) else None))
+    g = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in g:
+            obj = g[name]
+            out.append((g, name, obj, obj.copy() if isinstance(obj, np.ndarray) else None))
+    return out
+
+
+def _python_unchanged(state: list) -> bool:
+    for where, name, obj, copy in state:
+        if isinstance(where, dict):
+            if where.get(name, _MISSING) is not obj:
+                return False
+        elif not _filled(where) or where.cell_contents is not obj:
+            return False
+        if copy is not None and not _same_array(obj, copy):
+            return False
+    return True
+
+
+_MISSING = object()
+
+
+def sizes(state: list) -> list:
+    """The length of each list, dict or set in ``state`` (None for other objects)."""
+    return [len(obj) if isinstance(obj, (list, dict, set)) else None for _, _, obj, _ in state]
+
+
+def python_changed(state: list, lengths: list) -> str | None:
+    """What of the closure cells and globals in ``state`` (taken with ``lengths`` before the step
+    ran) the step itself changed: rebound, an array edited in place, a list, dict or set grown or
+    shrunk.  A replay without Python would not repeat it."""
+    for entry, n in zip(state, lengths):
+        where, name, held, copy = entry[0], entry[1], entry[2], entry[3]
+        now = where.get(name, _MISSING) if isinstance(where, dict) else (
+            where.cell_contents if _filled(where) else _MISSING)
+        if now is not held:
+            return f"the step rebinds the Python variable {name!r}"
+        if copy is not None and not _same_array(held, copy):
+            return f"the step edits the numpy array {name!r} in place"
+        if n is not None and len(held) != n:
+            return f"the step changes the length of {name!r} (a side effect such as appending to a list)"
+    return None
+
+
+@dataclass
+class StateGuards:
+    """What a pure replay must find as the capture did, beyond the cache key: whether each gradient
+    the step accumulates into was set, values read on the host, ``requires_grad`` of every tensor
+    the step read, the train/eval mode of every module that ran (reported by ``Module.__call__``),
+    each optimizer's parameter lists, numpy arrays read on the host (by content) and the closure
+    cells and globals of the function (by identity; arrays by content)."""
+    grad: list = field(default_factory=list)            # (ref, had a grad)
+    host_values: list = field(default_factory=list)     # (ref, values read on the host)
+    requires_grad: list = field(default_factory=list)   # (ref, flag)
+    modules: list = field(default_factory=list)         # (module, training)
+    optimizers: list = field(default_factory=list)      # (optimizer, param lists)
+    arrays: list = field(default_factory=list)          # (array, copy)
+    python: list = field(default_factory=list)          # python_state(fn)
+
+    def still_valid(self, flat: list) -> bool:
+        for ref, had in self.grad:
+            t = flat[ref] if type(ref) is int else ref
+            if (t.grad is not None) != had:
+                return False
+        for ref, flag in self.requires_grad:
+            t = flat[ref] if type(ref) is int else ref
+            if t.requires_grad != flag:
+                return False
+        for m, training in self.modules:
+            if m.training != training:
+                return False
+        for opt, lists in self.optimizers:
+            now = param_lists(opt)
+            if len(now) != len(lists) or any(not _same_objects(a, b) for a, b in zip(now, lists)):
+                return False
+        for array, copy in self.arrays:
+            if not _same_array(array, copy):
+                return False
+        if not _python_unchanged(self.python):
+            return False
+        for ref, seen in self.host_values:  # values the capture read on the host: unchanged?
+            t = flat[ref] if type(ref) is int else ref
+            if not _same_array(t._be.to_numpy(t._data), seen):
+                return False
+        return True

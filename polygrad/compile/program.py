@@ -164,31 +164,20 @@ class _ShapeMismatch(Exception):
 
 class Capture:
     """A recorded step: the program, each slot's (backend, shape, dtype), the result's spec, and
-    what a call must find unchanged to replay it.  ``fast`` is the executor's generated function
+    what a call must find unchanged to replay it (``guards``: a
+    :class:`polygrad.compile.guards.StateGuards`).  ``fast`` is the executor's generated function
     (set by :func:`polygrad.compile.executor.prepare`)."""
 
-    def __init__(self, program: list, meta: list, spec: tuple, grad_guard: list, fresh_draws: bool,
-                 host_guards: list):
+    def __init__(self, program: list, meta: list, spec: tuple, fresh_draws: bool, guards: Any):
         self.program, self.meta = program, meta
         self.spec = spec
-        self.grad_guard = grad_guard
         self.fresh_draws = fresh_draws
         self.kernels = sum(1 for e in program if e[0] in (KERNEL, FUSED))
         self.fast: Callable[[list, dict, dict], Any] | None = None
-        self.host_guards: list[tuple[Any, np.ndarray]] = host_guards  # (ref, values read on the host)
+        self.guards = guards
 
     def still_valid(self, flat: list) -> bool:
-        for ref, had in self.grad_guard:
-            t = flat[ref] if type(ref) is int else ref
-            if (t.grad is not None) != had:
-                return False
-        for ref, seen in self.host_guards:  # values the capture read on the host: unchanged?
-            t = flat[ref] if type(ref) is int else ref
-            now = t._be.to_numpy(t._data)
-            if now.shape != seen.shape or now.dtype != seen.dtype or not np.array_equal(
-                    now, seen, equal_nan=seen.dtype.kind in "fc"):
-                return False
-        return True
+        return bool(self.guards.still_valid(flat))
 
 
 def _value_slots(value: tuple, out: list) -> None:
@@ -275,6 +264,11 @@ def _constant_changed(a: Tensor, b: Tensor) -> bool:
     return not np.array_equal(a._be.to_numpy(a._data), b._be.to_numpy(b._data), equal_nan=True)
 
 
+def _same_ref(a: Any, b: Any) -> bool:
+    """Two references to a tensor (a flattened-argument index, or the tensor: by identity)."""
+    return a is b or (type(a) is int and type(b) is int and a == b)
+
+
 def _mismatch(a: Capture, b: Capture) -> str | None:
     """Why two captures of the same guard key differ (None: they agree, replay is safe).
 
@@ -287,6 +281,9 @@ def _mismatch(a: Capture, b: Capture) -> str | None:
         if x[0] != y[0]:
             return "the step ran a different sequence of ops when captured twice (control flow on values?)"
         if x[0] == LOAD:
+            if x[2] is not y[2] and (x[2].requires_grad or y[2].requires_grad):
+                return ("the step makes a tensor that requires grad itself (a leaf it backpropagates into: "
+                        "saliency, FGSM, a gradient penalty); a replay would keep the first one")
             if x[2] is not y[2] and _constant_changed(x[2], y[2]):
                 return ("a value the step makes from Python numbers or host data (a learning rate? a "
                         "counter?) changed between calls; pass it as a tensor argument")
@@ -296,6 +293,8 @@ def _mismatch(a: Capture, b: Capture) -> str | None:
         elif x[0] == HOST:
             if getattr(x[1], "__self__", x[1]) is not getattr(y[1], "__self__", y[1]):
                 return "the step called a different optimizer when captured twice"
-        elif x[0] in (SET_GRAD, SET_DATA, GRAD) and x[1] is not y[1] and x[1] != y[1]:
+        elif x[0] in (SET_GRAD, SET_DATA) and not _same_ref(x[1], y[1]):
+            return "the step wrote gradients or storage of different tensors when captured twice"
+        elif x[0] == GRAD and x[2] is not y[2]:
             return "the step wrote gradients or storage of different tensors when captured twice"
     return None

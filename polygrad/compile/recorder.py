@@ -11,6 +11,7 @@ from ..dispatch import _recording
 from ..ops import kernel_key
 from ..sparse import SparseTensor
 from ..tensor import Tensor
+from .guards import StateGuards, param_lists
 from .program import (ARG, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA, SET_GRAD, Arg,
                       Backward, Capture, Fresh, Fused, Grad, Host, Kernel, Load, SetData, SetGrad, _Refused)
 
@@ -39,6 +40,20 @@ def host_call(method: Callable[..., Any], idempotent: bool, replayable: bool = T
             rec.refuse(f"{getattr(method, '__qualname__', method)} cannot be replayed here")
 
 
+def note_module(module: Any) -> None:
+    """``Module.__call__`` reports each module that runs: a capture guards its train/eval mode."""
+    rec = _recording.get()
+    if rec is not None:
+        rec.module(module)
+
+
+def note_host_array(array: Any) -> None:
+    """A numpy array was read on the host as data or an index: a capture guards its content."""
+    rec = _recording.get()
+    if rec is not None and isinstance(array, np.ndarray):
+        rec.host_array(array)
+
+
 # -- the recorder -------------------------------------------------------------------------------------
 
 class _Recorder:
@@ -65,6 +80,11 @@ class _Recorder:
         self.computed: set[int] = set()      # id(array) of everything the step's kernels produced
         self.host_guards: list[tuple[Any, np.ndarray]] = []  # (ref, values read on the host)
         self.host_seen: set[int] = set()
+        # what else a replay must find unchanged (see Capture.still_valid)
+        self.requires_grad_guard: list[tuple[Any, bool]] = []  # (ref, requires_grad) of each tensor read
+        self.module_guard: dict[int, tuple[Any, bool]] = {}    # id(module) -> (module, training)
+        self.optimizer_guard: dict[int, tuple[Any, tuple]] = {}  # id(optimizer) -> (it, its param lists)
+        self.array_guard: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array) -> (it, a copy)
 
     def refuse(self, reason: str) -> None:
         if self.problem is None:
@@ -105,6 +125,7 @@ class _Recorder:
         if t.grad is not None:
             self.grad_owner[id(t.grad)] = t
             self.keep.append(t.grad)
+        self.requires_grad_guard.append((ref, bool(t.requires_grad)))
         had = self.had_grad.get(id(t))
         if had is None and self.hosts == 0:
             had = t.grad is not None
@@ -175,7 +196,19 @@ class _Recorder:
         self.computed.add(id(t._data))
         self.program.append(Fresh(FRESH, slot, make, raw))
 
+    def module(self, m: Any) -> None:
+        if id(m) not in self.module_guard:
+            self.module_guard[id(m)] = (m, bool(m.training))
+
+    def host_array(self, array: np.ndarray) -> None:
+        if id(array) not in self.array_guard:
+            self.array_guard[id(array)] = (array, array.copy())
+
     def host(self, method: Callable[[], Any], idempotent: bool) -> None:
+        owner = getattr(method, "__self__", None)
+        groups = getattr(owner, "param_groups", None)
+        if isinstance(groups, list) and id(owner) not in self.optimizer_guard:  # an optimizer's lists
+            self.optimizer_guard[id(owner)] = (owner, param_lists(owner))
         self._settle()
         self._sync()
         self.program.append(Host(HOST, method, idempotent))
@@ -187,7 +220,11 @@ class _Recorder:
         step then did with them is frozen into the program, so a replay is valid only while they
         are the same -- a guard compares them on every call.  Values the step computed itself are
         left to the two-capture comparison (they differ from call to call, or are constants)."""
-        if self.problem is not None or id(t._data) in self.computed or id(t) in self.host_seen:
+        if self.problem is not None or id(t) in self.host_seen:
+            return
+        if id(t._data) in self.computed:
+            self.refuse("the step read a value it computed on the host (.item(), float(), bool(), "
+                        ".numpy()): a replay without Python would freeze what the step did with it")
             return
         self.host_seen.add(id(t))
         self.keep.append(t)
@@ -231,8 +268,13 @@ class _Recorder:
     def finish(self, out: Any) -> "Capture":
         self._settle()
         self._sync()
+        if self.problem is not None:
+            raise _Refused(self.problem)
         spec = self._output(out)
         if self.problem is not None:
             raise _Refused(self.problem)
         fresh_draws = any(e[0] == FRESH for e in self.program)
-        return Capture(self.program, self.meta, spec, self.grad_guard, fresh_draws, self.host_guards)
+        guards = StateGuards(self.grad_guard, self.host_guards, self.requires_grad_guard,
+                             list(self.module_guard.values()), list(self.optimizer_guard.values()),
+                             list(self.array_guard.values()))
+        return Capture(self.program, self.meta, spec, fresh_draws, guards)
