@@ -13,7 +13,7 @@ from ..registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
 from .executor import _HostFailed, _replay, prepare
-from .guards import _modules_of, flatten_call, python_changed, python_state, sizes
+from .guards import _modules_of, flatten_call, contents, python_changed, python_state
 from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
 from .recorder import _Recorder
 
@@ -48,7 +48,9 @@ class Compiled:
         self.enabled = enabled
         found: dict = {}
         tensors: dict = {}
-        _modules_of(fn, found, tensors)
+        optimizers: dict = {}
+        _modules_of(fn, found, tensors, optimizers=optimizers)
+        self._optimizers = list(optimizers.values())
         if modules is not None:
             found = {}
             for m in (modules if isinstance(modules, (list, tuple)) else [modules]):
@@ -139,16 +141,19 @@ class Compiled:
         arg_modules = [x for x in args if hasattr(x, "training") and callable(getattr(x, "modules", None))]
         for m in (*self._modules, *arg_modules):  # at capture time only: parameter lists walked once
             state += [p._values if isinstance(p, SparseTensor) else p for p in m.parameters()]
-        rec = _Recorder(flat, state)
+        rec = _Recorder(flat, state, self._optimizers)
         python = python_state(self.fn)
-        lengths = sizes(python)
+        before = contents(python)
         token = _recording.set(rec)
         try:
             out = self.fn(*args, **kwargs)
         finally:
             _recording.reset(token)
+        for opt, _ in rec.optimizer_guard.values():  # the next capture watches its hyperparameters
+            if all(o is not opt for o in self._optimizers):
+                self._optimizers.append(opt)
         try:
-            changed = python_changed(python, lengths)
+            changed = python_changed(python, before)
             if changed is not None:
                 rec.refuse(changed + ": a replay without Python would not")
             cap = prepare(rec.finish(out))

@@ -112,7 +112,7 @@ def _flatten(x: Any, flat: list, key: list) -> None:
         key.append(("object", x))
 
 
-def _modules_of(fn: Callable, found: dict, tensors: dict, depth: int = 0) -> None:
+def _modules_of(fn: Callable, found: dict, tensors: dict, depth: int = 0, optimizers: dict | None = None) -> None:
     """Modules ``fn`` reaches through its closure, its ``self`` and the globals it names (train/eval
     mode is a guard), and tensors it reaches there: directly, in a list or tuple, as parameters of
     those modules or of an optimizer (whether they have a gradient when a call starts is a guard).
@@ -135,13 +135,15 @@ def _modules_of(fn: Callable, found: dict, tensors: dict, depth: int = 0) -> Non
             for m in obj.modules():
                 found[id(m)] = m
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
-            _modules_of(obj, found, tensors, depth + 1)
+            _modules_of(obj, found, tensors, depth + 1, optimizers)
         elif isinstance(obj, Tensor):
             tensors[id(obj)] = obj
         elif isinstance(obj, (list, tuple)) and len(obj) <= 10_000:
             tensors.update((id(t), t) for t in obj if isinstance(t, Tensor))
         elif isinstance(getattr(obj, "param_groups", None), list):
             tensors.update((id(p), p) for g in obj.param_groups for p in g.get("params", ()))
+            if optimizers is not None:
+                optimizers[id(obj)] = obj
 
 
 def _filled(cell) -> bool:
@@ -204,25 +206,51 @@ def _python_unchanged(state: list) -> bool:
 _MISSING = object()
 
 
-def sizes(state: list) -> list:
-    """The length of each list, dict or set in ``state`` (None for other objects)."""
-    return [len(obj) if isinstance(obj, (list, dict, set)) else None for _, _, obj, _ in state]
+def contents(state: list) -> list:
+    """A shallow snapshot of each list or dict in ``state`` (its items, compared by identity; only
+    the length of one over 1,000 items or of a set); None for other objects."""
+    return [_contents(obj) for _, _, obj, _ in state]
 
 
-def python_changed(state: list, lengths: list) -> str | None:
-    """What of the closure cells and globals in ``state`` (taken with ``lengths`` before the step
-    ran) the step itself changed: rebound, an array edited in place, a list, dict or set grown or
-    shrunk.  A replay without Python would not repeat it."""
-    for entry, n in zip(state, lengths):
+def _contents(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return tuple(obj) if len(obj) <= 1000 else len(obj)
+    if isinstance(obj, dict):
+        return tuple(obj.items()) if len(obj) <= 1000 else len(obj)
+    if isinstance(obj, set):
+        return len(obj)
+    return None
+
+
+def hyperparameters(optimizer: Any) -> tuple:
+    """An optimizer's groups without their parameter lists (lr, momentum...), as a tuple."""
+    return tuple(tuple((k, v) for k, v in g.items() if k != "params") for g in optimizer.param_groups)
+
+
+def _same_contents(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(x is y or (type(x) is tuple and _same_contents(x, y)) or
+                                        (type(x) in (int, float, str, bool) and x == y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def python_changed(state: list, before: list) -> str | None:
+    """What of the closure cells and globals in ``state`` (with ``before = contents(state)`` taken
+    before the step ran) the step itself changed: rebound, an array edited in place, a list or
+    dict changed (appended to, a counter stored), an optimizer's hyperparameters set.  A replay
+    without Python would not repeat it."""
+    for entry, snap in zip(state, before):
         where, name, held, copy = entry[0], entry[1], entry[2], entry[3]
         now = where.get(name, _MISSING) if isinstance(where, dict) else (
             where.cell_contents if _filled(where) else _MISSING)
         if now is not held:
             return f"the step rebinds the Python variable {name!r}"
-        if copy is not None and not _same_array(held, copy):
+        if copy is not None and not _same_array(entry[2], copy):
             return f"the step edits the numpy array {name!r} in place"
-        if n is not None and len(held) != n:
-            return f"the step changes the length of {name!r} (a side effect such as appending to a list)"
+        if snap is not None and not _same_contents(_contents(held), snap):
+            return f"the step changes {name!r} (a side effect: appending to a list, storing a counter)"
     return None
 
 

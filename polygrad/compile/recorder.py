@@ -11,7 +11,7 @@ from ..dispatch import _recording
 from ..ops import kernel_key
 from ..sparse import SparseTensor
 from ..tensor import Tensor
-from .guards import StateGuards, param_lists
+from .guards import StateGuards, hyperparameters, param_lists
 from .program import (ARG, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA, SET_GRAD, Arg,
                       Backward, Capture, Fresh, Fused, Grad, Host, Kernel, Load, SetData, SetGrad, _Refused)
 
@@ -60,7 +60,7 @@ class _Recorder:
     """Turns one eager run into a program.  Buffers ("slots") are identified by array identity, so
     views that share storage (``detach``, ``.data``) resolve to the kernel that produced them."""
 
-    def __init__(self, flat: list, state: list):
+    def __init__(self, flat: list, state: list, optimizers: Any = ()):
         self.program: list[tuple] = []
         self.meta: list[tuple] = []          # slot -> (backend, shape, dtype)
         self.slot_of: dict[int, int] = {}    # id(array) -> slot
@@ -85,6 +85,9 @@ class _Recorder:
         self.module_guard: dict[int, tuple[Any, bool]] = {}    # id(module) -> (module, training)
         self.optimizer_guard: dict[int, tuple[Any, tuple]] = {}  # id(optimizer) -> (it, its param lists)
         self.array_guard: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array) -> (it, a copy)
+        # each optimizer's hyperparameters (lr...) as host calls left them: a change between two
+        # host calls is Python setting them, which a replay would not repeat
+        self.hyper: dict[int, tuple[Any, tuple]] = {id(o): (o, hyperparameters(o)) for o in optimizers}
 
     def refuse(self, reason: str) -> None:
         if self.problem is None:
@@ -132,10 +135,18 @@ class _Recorder:
         if had is not None:  # the state at the start of the call: a replay must find the same
             self.grad_guard.append((ref, had))
 
+    def _check_hyper(self) -> None:
+        for opt, seen in self.hyper.values():
+            if hyperparameters(opt) != seen:
+                self.refuse("the step sets an optimizer's hyperparameters (a learning rate?) in Python; "
+                            "a replay would not (a scheduler's step() is replayed: use one)")
+
     def _settle(self) -> None:
         """After a host call: what it changed (new storage, cleared grads) is the new baseline."""
         if self.host_pending:
             self.host_pending = False
+            for key, (opt, _) in self.hyper.items():  # a host call (a scheduler) may set them
+                self.hyper[key] = (opt, hyperparameters(opt))
             for t, _ in self.watched:
                 self.baseline[id(t)] = [t.grad, t._data]
 
@@ -209,7 +220,9 @@ class _Recorder:
         groups = getattr(owner, "param_groups", None)
         if isinstance(groups, list) and id(owner) not in self.optimizer_guard:  # an optimizer's lists
             self.optimizer_guard[id(owner)] = (owner, param_lists(owner))
+            self.hyper.setdefault(id(owner), (owner, hyperparameters(owner)))
         self._settle()
+        self._check_hyper()
         self._sync()
         self.program.append(Host(HOST, method, idempotent))
         self.hosts += 1
@@ -267,6 +280,7 @@ class _Recorder:
 
     def finish(self, out: Any) -> "Capture":
         self._settle()
+        self._check_hyper()
         self._sync()
         if self.problem is not None:
             raise _Refused(self.problem)

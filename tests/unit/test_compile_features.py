@@ -16,7 +16,7 @@ from polygrad.optim import lr_scheduler
 from polygrad.testing import inject_fault
 
 # these tests pin the pure mode's capture and replay (pg.compile(fn, pure=True)); the default mode,
-# which runs the step's Python on every call, is tested in test_compile_default.py
+# which runs the step's Python on every call, is tested in test_compile_modes.py
 compile_pure = functools.partial(pg.compile, pure=True)
 
 
