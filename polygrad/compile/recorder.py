@@ -47,6 +47,16 @@ def note_module(module: Any) -> None:
         rec.module(module)
 
 
+def note_group_write(key: str, frame: Any) -> None:
+    """An optimizer's parameter group is written from ``frame``: while a capture runs, a write from
+    outside ``polygrad.optim`` (whose optimizers and schedulers are replayed host calls) is the
+    step's Python setting a hyper-parameter, which a replay would not repeat."""
+    rec = _recording.get()
+    if rec is not None and not str(frame.f_globals.get("__name__", "")).startswith("polygrad.optim"):
+        rec.refuse(f"the step sets an optimizer's {key!r} in Python (a warm-up?); a replay would not "
+                   "(a scheduler's step() is replayed: use one)")
+
+
 def note_host_array(array: Any) -> None:
     """A numpy array was read on the host as data or an index: a capture guards its content."""
     rec = _recording.get()
