@@ -159,7 +159,8 @@ def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
     return pyg_full_batch_epoch(ds, torch, model, opt)
 
 
-def _time_rounds(fns: dict[str, Callable[[], float]], rounds: int, per_round: int, warmup: int) -> dict[str, list[float]]:
+def _time_rounds(fns: dict[str, Callable[[], float]], rounds: int, per_round: int,
+                 warmup: int) -> dict[str, list[float]]:
     """Per-epoch seconds of each fn, interleaved in rounds so machine noise hits both sides alike."""
     for fn in fns.values():
         for _ in range(warmup):

@@ -12,6 +12,8 @@ from ..dispatch import _recording, is_grad_enabled, registry
 from ..registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
+from ..autodiff import backward_plans
+from .backward_plan import BackwardPlans
 from .executor import _HostFailed, _replay, prepare
 from .guards import _modules_of, flatten_call, contents, python_changed, python_state
 from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
@@ -59,6 +61,7 @@ class Compiled:
         self._modules = list(found.values())
         self._tensors = list(tensors.values())
         self._cache: OrderedDict = OrderedDict()
+        self.plans = BackwardPlans()  # the default mode's backward plans
         self._lock = threading.Lock()
         self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0}
         self.reason = ""
@@ -95,7 +98,11 @@ class Compiled:
         if not self.pure:  # the default mode: the user's Python runs every call, as eager
             flatten_call(self.fn, args, kwargs, [], [])  # the same arguments as pure mode accepts
             self.stats["eager"] += 1
-            return self.fn(*args, **kwargs)
+            token = backward_plans.set(self.plans)  # its backward passes run through plans
+            try:
+                return self.fn(*args, **kwargs)
+            finally:
+                backward_plans.reset(token)
         flat, key = self._key(args, kwargs)
         entry = self._entry(key)
         cap = entry.capture

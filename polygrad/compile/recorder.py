@@ -71,7 +71,7 @@ class _Recorder:
     views that share storage (``detach``, ``.data``) resolve to the kernel that produced them."""
 
     def __init__(self, flat: list, state: list, optimizers: Any = ()):
-        self.program: list[tuple] = []
+        self.program: list[Any] = []  # Entry named tuples
         self.meta: list[tuple] = []          # slot -> (backend, shape, dtype)
         self.slot_of: dict[int, int] = {}    # id(array) -> slot
         self.keep: list[Any] = []            # everything whose id is a key above stays alive
