@@ -8,7 +8,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import config
-from ..dispatch import _recording, is_grad_enabled, registry
+from ..dispatch import _inference_memo, _recording, is_grad_enabled, registry
 from ..registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
@@ -62,6 +62,7 @@ class Compiled:
         self._tensors = list(tensors.values())
         self._cache: OrderedDict = OrderedDict()
         self.plans = BackwardPlans()  # the default mode's backward plans
+        self._inferred: dict = {}  # and its memo of inference results (see dispatch._memo_infer)
         self._lock = threading.Lock()
         self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0}
         self.reason = ""
@@ -99,9 +100,11 @@ class Compiled:
             flatten_call(self.fn, args, kwargs, [], [])  # the same arguments as pure mode accepts
             self.stats["eager"] += 1
             token = backward_plans.set(self.plans)  # its backward passes run through plans
+            memo = _inference_memo.set(self._inferred)  # and its ops' inference is remembered
             try:
                 return self.fn(*args, **kwargs)
             finally:
+                _inference_memo.reset(memo)
                 backward_plans.reset(token)
         flat, key = self._key(args, kwargs)
         entry = self._entry(key)

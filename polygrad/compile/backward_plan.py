@@ -29,7 +29,7 @@ import keyword
 import threading
 from typing import Any, Callable
 
-from ..autodiff import _accumulate_lock
+from ..autodiff import _accumulate_lock, _data_or_stand_in
 from ..backend import Backend
 from ..config import config
 from ..dispatch import _recording, registry
@@ -238,7 +238,10 @@ def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: lis
             steps.append(e)
             made.update([e.out] if kind == KERNEL else [s for s in e.outs if s >= 0])
         elif kind == LOAD:
-            positions = where.get(id(e.tensor._data)) if e.tensor._data is not None else None
+            if e.tensor._data is None:  # a data-less stand-in: what eager hands a fused kernel instead
+                constants.append((e.slot, _data_or_stand_in(e.tensor)))
+                continue
+            positions = where.get(id(e.tensor._data))
             if positions is None:
                 if e.tensor.requires_grad:
                     return None  # a tensor outside the graph that requires grad: not a rule's constant
