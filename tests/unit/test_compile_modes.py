@@ -438,3 +438,44 @@ def test_set_argument_is_a_clear_error_naming_it(pure):
     with pytest.raises(CompileError, match=r"argument 'groups'\['a'\] is an unhashable bytearray"):
         c(x=pg.ones(2), groups={"a": bytearray(b"x")})
     np.testing.assert_array_equal(c(pg.ones(2), (1, 2)).numpy(), [2.0, 2.0])  # what is supported still runs
+
+
+# -- the demos use the pure mode: it must give their eager numbers -------------------------------------
+
+def test_moons_demo_pure_mode_equals_eager_bit_for_bit():
+    from polygrad.demos import run_moons
+
+    eager = run_moons(steps=12, progress=False, compile=False)
+    pure = run_moons(steps=12, progress=False, compile=True)
+    assert pure["compile_mode"] == "pure" and pure["compiled"] is True and eager["compile_mode"] == "eager"
+    assert (pure["loss"], pure["accuracy"]) == (eager["loss"], eager["accuracy"])
+
+
+def test_gcn_demo_pure_mode_equals_eager_bit_for_bit():
+    from polygrad.demos import load_graph, train_gcn
+
+    ds = load_graph(None, "cora", False)  # Cora where POLYGRAD_PLANETOID_DIR says, else the embedded graph
+    eager = train_gcn(ds, seed=0, epochs=8, compile=False)
+    pure = train_gcn(ds, seed=0, epochs=8, compile=True)
+    assert pure["history"].compile_mode == "pure" and pure["history"].replays == 8 - 3
+    assert pure["curves"] == eager["curves"]
+    assert (pure["test_accuracy"], pure["val_accuracy"]) == (eager["test_accuracy"], eager["val_accuracy"])
+
+
+def test_fit_reports_its_mode_and_the_default_mode_equals_eager():
+    from polygrad.train import fit
+
+    def run(compile: Any) -> tuple:
+        model = _linear()
+        opt = optim.SGD(model.parameters(), lr=0.1)
+        x, y = _data()
+        history = fit(model, opt, lambda: ((model(x) - y) ** 2).mean(), 6, rollback_threshold=None, compile=compile)
+        return history, _obs(list(model.parameters()))
+
+    (h0, p0), (h1, p1), (h2, p2) = run(False), run(True), run("pure")
+    assert (h0.compile_mode, h1.compile_mode, h2.compile_mode) == ("eager", "default", "pure")
+    assert h0.losses == h1.losses == h2.losses and h2.replays == 3
+    assert_bitwise(p0, p1)
+    assert_bitwise(p0, p2)
+    with pytest.raises(ValueError, match="compile must be"):
+        run("fast")
