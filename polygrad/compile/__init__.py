@@ -1,10 +1,56 @@
-"""``pg.compile``: capture a step's kernel sequence once, then replay the kernels directly.
+"""``pg.compile``: make a training or inference step cheaper without changing its numbers.
+
+Two modes, one promise -- eager's numbers, bit for bit, or a refusal you are told about:
+
+**Default mode** (``pg.compile(fn)``): the step's Python runs on every call, so every branch,
+host read (``loss.item()``, ``float()``, ``.numpy()``) and side effect happens exactly as eagerly:
+``clip_grad_norm_`` inside the step keeps clipping, ``if not math.isfinite(loss.item())`` keeps
+firing, a learning-rate warm-up computed in the step keeps warming up, ``losses.append(loss)``
+appends every call, and parameters frozen, groups added, ``model.eval()``, a numpy mask edited in
+place or a coefficient or graph swapped between calls all take effect.  What it saves is the
+per-op work polygrad repeats from call to call: inference results are remembered per operand
+shapes, dtypes and attributes, and each backward pass through a graph whose *structure* was seen
+before runs as a plan -- the kernels eager ran for that structure, as one generated function over
+this call's arrays (:mod:`polygrad.compile.backward_plan`).  Correct by construction: a plan is
+used only for the structure it was recorded for, and anything it cannot reproduce runs eagerly.
+
+**Pure mode** (``pg.compile(fn, pure=True)``): the step's Python does not run at all once it is
+captured; its kernels are replayed.  Much faster, for steps whose author promises -- as with
+``jax.jit`` or tinygrad's ``TinyJit`` -- that the Python does nothing but issue ops.  What pure mode
+can detect breaking that promise it refuses (the step then runs eagerly, with one
+``RuntimeWarning``; ``compiled.reason`` says why) or re-captures, never silently replays:
+
+* host reads of values the step computed (``loss.item()``, ``float(x)``, ``bool(x)``,
+  ``x.numpy()``; ``nn.utils.clip_grad_norm_`` reads the norm) -- refused;
+* a hyper-parameter written in Python (``g["lr"] = ...`` inside the step) -- refused (a scheduler's
+  ``step()`` is replayed: use one);
+* a list or dict the function reaches through its closure or globals changed by the step
+  (``losses.append(loss)``, a counter), a closure or global name rebound or a numpy array there
+  edited in place by the step -- refused;
+* a tensor that requires grad made inside the step (saliency, FGSM, gradient penalty) -- refused;
+* between calls: ``requires_grad`` of every tensor the step read, the train/eval mode of every
+  module that ran (``Module.__call__`` reports it, however the step reached the module), each
+  optimizer's parameter lists (``add_param_group``), numpy arrays read as data or indices (by
+  content), the function's closure cells and globals (rebound; arrays by content) -- re-captured.
+
+What pure mode cannot see stays the author's contract: attributes of objects reached through
+``self`` or closures (``self.coef = 2.0``), Python values computed from state it does not guard.
+When in doubt use the default mode; the demos and ``fit(compile="pure")`` use pure mode where a
+test proves it gives eager's numbers.
+
+Arguments (both modes): tensors, Python scalars, None, strings, tuples, lists and dicts of them,
+modules and other hashable objects; a numpy array, a set or an unhashable object is a
+:class:`CompileError` naming the argument.
+
+The rest of this docstring describes the pure mode's capture and replay.
+
+Pure mode: capture a step's kernel sequence once, then replay the kernels directly.
 
 Eager polygrad pays, per op, for inference, validation, graph recording and Python dispatch:
 about 2 us against well under 1 us for the numpy call itself, which is most of a small model's
 step.  A compiled step pays it only while it is captured::
 
-    @pg.compile
+    @pg.compile(pure=True)
     def train_step(x, y):
         opt.zero_grad()
         loss = nn.cross_entropy(model(x), y)

@@ -198,13 +198,35 @@ class Compiled:
 
 def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int = 8, warmup: int = 1,
             modules: Any = None, enabled: bool = True) -> Any:  # noqa: A001 - pg.compile, like torch.compile
-    """Capture ``fn`` (a training or inference step) once and replay its kernels afterwards.
+    """Make ``fn`` (a training or inference step) cheaper per call, with eager's numbers.
 
-    Use as ``step = pg.compile(fn)`` or as a decorator (``@pg.compile`` or
-    ``@pg.compile(cache_size=4)``).  ``warmup`` eager calls precede the capture; ``cache_size``
-    captures (one per guard key) are kept, least recently used first out; ``modules`` names the
-    modules whose train/eval mode is a guard (default: those ``fn`` reaches); ``enabled=False``
-    always runs ``fn`` eagerly.  See the module docstring for what is replayed and guarded.
+    Use as ``step = pg.compile(fn)`` or as a decorator (``@pg.compile``,
+    ``@pg.compile(pure=True)``).  ``fn`` must be callable (else :class:`CompileError`, at once).
+
+    Default mode: ``fn``'s Python runs on every call -- branches on ``loss.item()``,
+    ``clip_grad_norm_``, warm-ups, appends, freezing and ``eval()`` all behave as eagerly -- and
+    polygrad's per-op work is what is saved (remembered inference, backward plans for graph
+    structures seen before).  Bit for bit eager, by construction::
+
+        @pg.compile
+        def train_step(x, y):
+            opt.zero_grad()
+            loss = nn.mse(model(x), y)
+            if not math.isfinite(loss.item()):   # fine: runs every call
+                return loss
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss)
+            return loss
+
+    ``pure=True``: after ``warmup`` eager calls and two agreeing captures, the kernels replay
+    without running ``fn``'s Python -- for a step that only issues ops (the example above would
+    be refused: it reads ``loss.item()`` and appends to a list; it then runs eagerly with one
+    ``RuntimeWarning``).  ``cache_size`` captures (one per guard key) are kept, least recently
+    used first out; ``modules`` names extra modules whose train/eval mode is guarded (every
+    module that runs is guarded anyway); ``enabled=False`` always runs ``fn`` eagerly.  The
+    package docstring lists what pure mode refuses, re-captures on, and leaves to its contract.
     """
     if fn is None:
         return lambda f: Compiled(f, cache_size, warmup, modules, enabled, pure)
