@@ -14,7 +14,7 @@ from ..sparse import SparseTensor
 from ..tensor import rng
 from ..autodiff import backward_plans
 from .backward_plan import BackwardPlans
-from .executor import _HostFailed, _replay, prepare
+from .executor import _HostFailed, prepare, run
 from .guards import _modules_of, flatten_call, contents, python_changed, python_state
 from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
 from .recorder import _Recorder
@@ -135,16 +135,10 @@ class Compiled:
 
     @staticmethod
     def _run(cap: Capture, flat: list) -> Any:
-        events = registry.events
-        if (cap.fast is None or config.validate or events["polygrad_op_executed"] is not None
-                or events["polygrad_backward_finished"] is not None):
-            return _replay(cap, flat)  # the interpreter: validation and events per kernel
         try:
-            return cap.fast(flat, registry.tables, registry.vjp_tables)
+            return run(cap, flat)
         except _HostFailed as failed:
             raise failed.exc from None
-        except Exception as exc:  # noqa: BLE001 - a kernel fault: the caller re-runs eagerly
-            raise _ReplayFault(exc, False) from exc
 
     def _capture(self, entry: _Entry, flat: list, args: tuple, kwargs: dict) -> Any:
         state = [t._values if isinstance(t, SparseTensor) else t for t in self._tensors]

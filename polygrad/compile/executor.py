@@ -1,6 +1,6 @@
 """The executor: a capture's program as one generated Python function (buffers as locals, a line
-per entry, no dispatch on the entry kind), plus the interpreter that serves validation mode,
-event listeners and in-place fallback after an optimizer step."""
+per entry, no dispatch on the entry kind); a checked variant of the same function serves
+validation mode and event listeners."""
 from __future__ import annotations
 
 import builtins
@@ -22,8 +22,6 @@ from .program import (ARG, ASSERT_FINITE, BACKWARD, FRESH, FUSED, GRAD, HOST, KE
 from .rewrite import _all_finite, _push_row_gathers
 
 _default_shape = Backend.shape
-#: longest program replayed through a generated function (longer ones use the interpreter)
-MAX_GENERATED = 20_000
 
 
 def prepare(cap: Capture) -> Capture:
@@ -35,12 +33,33 @@ def prepare(cap: Capture) -> Capture:
     return cap
 
 
-def _make(buf: list, meta: list, slot: int) -> Tensor:
+def run(cap: Capture, flat: list) -> Any:
+    """Replay ``cap`` on the call's flattened tensor arguments; a kernel fault raises _ReplayFault,
+    an exception from host code (the optimizer) _HostFailed."""
+    events = registry.events
+    fn: Callable[[list, dict, dict], Any] | None
+    if (config.validate or events["polygrad_op_executed"] is not None
+            or events["polygrad_backward_finished"] is not None):
+        if cap.checked is None:
+            cap.checked = _generate(cap, checked=True)
+        fn = cap.checked
+    else:
+        fn = cap.fast
+    assert fn is not None  # prepare() generated it
+    try:
+        return fn(flat, registry.tables, registry.vjp_tables)
+    except (_HostFailed, _ReplayFault):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a kernel fault before any step: the caller re-runs eagerly
+        raise _ReplayFault(exc, False) from exc
+
+
+def _make(buf: Any, meta: list, slot: int) -> Tensor:
     be, shape, dtype = meta[slot]
     return Tensor._make(buf[slot], be, shape, dtype)
 
 
-def _rebuild(value: tuple, buf: list, meta: list) -> Any:
+def _rebuild(value: tuple, buf: Any, meta: list) -> Any:
     kind = value[0]
     if kind == 1:
         return _make(buf, meta, value[1])
@@ -83,25 +102,24 @@ def _small(kernel: Callable, size: int) -> Callable:
     return kernel
 
 
-def _generate(cap: Capture) -> Callable[[list, dict, dict], Any] | None:
-    """The program as one Python function: a line per entry, buffers as local variables that are
-    deleted after their last use.  This is what makes a replay cheap (no loop, no dispatch on the
-    entry kind, no argument lists built per call).  None when the program has kernels after a
-    non-idempotent host call: a fault there must be handled in place, which the interpreter does;
-    and for programs longer than ``MAX_GENERATED`` entries, whose source would take longer to compile
-    than the interpreter loses on them.
+def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict], Any]:
+    """The program as one Python function -- the one executor: a line per entry, buffers as local
+    variables deleted after their last use (no loop, no dispatch on the entry kind, no argument
+    lists built per call).  ``checked``: also shadow-check each kernel against the scalar
+    reference (``POLYGRAD_VALIDATE``) and fire ``polygrad_op_executed`` /
+    ``polygrad_backward_finished`` as eager does.
+
+    Faults: before a non-idempotent host call (the optimizer's step) any exception propagates and
+    the caller re-runs the call eagerly; after it (a re-run would step twice) a failing forward
+    kernel is recomputed in place through the fallback chain, and anything else raises
+    :class:`_ReplayFault` with ``after_step`` set.
     """
-    if len(cap.program) > MAX_GENERATED:
-        return None
-    stepped = False
-    for e in cap.program:
-        if e[0] == HOST and not e[2]:
-            stepped = True
-        elif stepped and e[0] in (KERNEL, FUSED):
-            return None
     env: dict[str, Any] = {"MAKE": Tensor._make, "WRAP": SparseTensor._wrap, "HostFailed": _HostFailed, "SMALL": _small,
-                           "FINITE": _all_finite, "NotFinite": _NotFinite,
-                           "RESULT": _result, "SPEC": cap.spec, "META": cap.meta, "Mismatch": _ShapeMismatch}
+                           "FINITE": _all_finite, "NotFinite": _NotFinite, "Fault": _ReplayFault,
+                           "RESULT": _result, "SPEC": cap.spec, "META": cap.meta, "Mismatch": _ShapeMismatch,
+                           "CHECK": _check_kernel, "BWD": _backward_event, "FALLBACK": _fallback_in_place,
+                           "PERF": time.perf_counter, "GONE": _gone}
+    stepped = False
     body: list[list[str]] = []      # the lines of each entry
     reads: list[list[int]] = []     # the slots each entry reads
     tables: dict[tuple, str] = {}   # (vjp?, backend name, key) -> local name of the kernel
@@ -154,6 +172,12 @@ def _generate(cap: Capture) -> Callable[[list, dict, dict], Any] | None:
             args.append(f"**{const(kwargs)}")
         return ", ".join(args)
 
+    def slots(used: Any) -> str:
+        return "{" + ", ".join(f"{i}: b{i}" for i in sorted(set(used))) + "}"
+
+    def guarded(lines: list[str], handler: list[str]) -> list[str]:
+        return ["try:", *[f"    {line}" for line in lines], "except Exception as exc:", *[f"    {h}" for h in handler]]
+
     for e in cap.program:
         kind = e[0]
         lines: list[str] = []
@@ -161,29 +185,37 @@ def _generate(cap: Capture) -> Callable[[list, dict, dict], Any] | None:
             _, be, key, ins, attrs, out, shape = e
             lines = [f"b{out} = {small_kernel(be, key, shape)}({call_args(ins, attrs)})",
                      shape_check(f"b{out}", be, shape)]
+            if stepped:  # a re-run would step twice: recompute this kernel through the fallback chain
+                lines = guarded(lines, [f"b{out} = FALLBACK({const(e)}, {slots(ins)}, META, exc)"])
+            if checked:
+                lines.append(f"CHECK({const(e)}, {slots((*ins, out))}, META)")
         elif kind == FUSED:
             _, be, key, ins, kwargs, outs = e
             lines = [f"r = {kernel(True, be, key)}({call_args(ins, kwargs)})"]
             for i, slot in enumerate(outs):
                 if slot >= 0:
                     lines += [f"b{slot} = r[{i}]", shape_check(f"b{slot}", be, cap.meta[slot][1])]
+            if stepped:
+                lines = guarded(lines, ["raise Fault(exc, True) from exc"])
         elif kind == LOAD:
             lines = [f"b{e[1]} = {const(e[2])}._data"]
         elif kind == ARG:
             lines = [f"b{e[1]} = flat[{e[2]}]._data"]
         elif kind == GRAD:
-            lines = [f"b{e[1]} = {const(e[2])}.grad._data"]
+            lines = [f"g = {const(e[2])}.grad", f"if g is None: raise GONE({stepped})", f"b{e[1]} = g._data"]
         elif kind == FRESH:
             lines = [f"b{e[1]} = {const(e[2])}(){'' if e[3] else '._data'}"]
         elif kind == HOST:
             lines = ["try:", f"    {const(e[1])}()", "except Exception as exc:", "    raise HostFailed(exc)"]
+            stepped = stepped or not e[2]
         elif kind == SET_GRAD:
             lines = [f"{target(e[1])}.grad = {rebuild(e[2])}"]
         elif kind == SET_DATA:
             lines = [f"{target(e[1])}._data = b{e[2]}"]
         elif kind == ASSERT_FINITE:
-            lines = [f"if not FINITE(b{e[1]}): raise NotFinite()"]
-        # BACKWARD only fires an event: the generated path runs only while no one listens
+            lines = [f"if not FINITE(b{e[1]}): raise Fault(NotFinite(), {stepped})"]
+        elif kind == BACKWARD and checked:  # only fires the event
+            lines = [f"BWD({const(e)}, {slots(_reads(e))}, META, flat, started)"]
         body.append(lines)
         reads.append(_reads(e))
     result_slots = sorted(_result_slots(cap.spec))
@@ -196,6 +228,8 @@ def _generate(cap: Capture) -> Callable[[list, dict, dict], Any] | None:
         if slot not in result_slots:
             dies.setdefault(n, []).append(slot)
     src = ["def replay(flat, tables, vjp_tables):"]
+    if checked:
+        src.append("    started = PERF()")
     for (fused, name, key), local in tables.items():
         src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
         if local in small:
@@ -209,81 +243,28 @@ def _generate(cap: Capture) -> Callable[[list, dict, dict], Any] | None:
     return env["replay"]
 
 
-def _replay(cap: Capture, flat: list) -> Any:
-    """Run ``cap``'s program; a failing kernel raises _ReplayFault."""
-    buf: list = [None] * len(cap.meta)
-    tables = registry.tables
-    events = registry.events
-    checked = config.validate or events["polygrad_op_executed"] is not None
-    after_step = False
-    started = time.perf_counter()
-    for e in cap.program:
-        kind = e[0]
-        if kind == KERNEL:
-            _, be, key, ins, attrs, out, shape = e
-            try:
-                array = tables[be.name][key](*[buf[i] for i in ins], **attrs)
-                if be.shape(array) != shape:
-                    raise PolygradError(f"replayed kernel for op '{key[0]}' on backend {be.name!r} returned "
-                                        f"shape {be.shape(array)}, the capture saw {shape}")
-            except Exception as exc:  # noqa: BLE001 - any fault: the caller re-runs the step eagerly
-                if not after_step:
-                    raise _ReplayFault(exc, after_step) from exc
-                array = _fallback_in_place(e, buf, cap.meta, exc)
-            buf[out] = array
-            if checked:
-                _check(e, buf, cap.meta, events)
-        elif kind == LOAD:
-            buf[e[1]] = e[2]._data
-        elif kind == ASSERT_FINITE:
-            if not _all_finite(buf[e[1]]):
-                raise _ReplayFault(_NotFinite(), after_step)
-        elif kind == ARG:
-            buf[e[1]] = flat[e[2]]._data
-        elif kind == FUSED:
-            _, be, key, ins, kwargs, outs = e
-            try:
-                arrays = registry.vjp_tables[be.name][key](*[buf[i] for i in ins], **kwargs)
-                for slot, array in zip(outs, arrays):
-                    if slot >= 0:
-                        if be.shape(array) != cap.meta[slot][1]:
-                            raise PolygradError(f"replayed fused backward of '{key[0]}' returned shape "
-                                                f"{be.shape(array)}, the capture saw {cap.meta[slot][1]}")
-                        buf[slot] = array
-            except Exception as exc:  # noqa: BLE001
-                raise _ReplayFault(exc, after_step) from exc
-        elif kind == GRAD:
-            g = e[2].grad
-            if g is None:
-                raise _ReplayFault(PolygradError("a gradient the capture accumulated into is gone"), after_step)
-            buf[e[1]] = g._data
-        elif kind == FRESH:
-            buf[e[1]] = e[2]() if e[3] else e[2]()._data
-        elif kind == HOST:
-            e[1]()
-            after_step = after_step or not e[2]
-        elif kind == SET_GRAD:
-            t = flat[e[1]] if type(e[1]) is int else e[1]
-            t.grad = _rebuild(e[2], buf, cap.meta)
-        elif kind == SET_DATA:
-            t = flat[e[1]] if type(e[1]) is int else e[1]
-            t._data = buf[e[2]]
-        elif kind == BACKWARD:
-            ev = events["polygrad_backward_finished"]
-            if ev is not None:
-                grads = []
-                for ref, value in e[2]:
-                    leaf = flat[ref] if type(ref) is int else ref
-                    grads.append((leaf, _rebuild(value, buf, cap.meta)))
-                ev(num_nodes=e[1], seconds=time.perf_counter() - started, grads=grads)
-    return _result(cap.spec, buf, cap.meta, flat)
-
-
-def _inputs(e: tuple, buf: list, meta: list) -> tuple:
+def _inputs(e: tuple, buf: Any, meta: list) -> tuple:
     return tuple(_make(buf, meta, i) for i in e[3])
 
 
-def _check(e: tuple, buf: list, meta: list, events) -> None:
+def _gone(after_step: bool) -> _ReplayFault:
+    return _ReplayFault(PolygradError("a gradient the capture accumulated into is gone"), after_step)
+
+
+def _check_kernel(e: tuple, buf: dict, meta: list) -> None:
+    """POLYGRAD_VALIDATE shadow check and the op-executed event, for one replayed kernel."""
+    _check(e, buf, meta, registry.events)
+
+
+def _backward_event(e: tuple, buf: dict, meta: list, flat: list, started: float) -> None:
+    """``polygrad_backward_finished`` for a replayed backward pass, with the replayed gradients."""
+    ev = registry.events["polygrad_backward_finished"]
+    if ev is not None:
+        grads = [(flat[ref] if type(ref) is int else ref, _rebuild(value, buf, meta)) for ref, value in e[2]]
+        ev(num_nodes=e[1], seconds=time.perf_counter() - started, grads=grads)
+
+
+def _check(e: tuple, buf: Any, meta: list, events) -> None:
     """POLYGRAD_VALIDATE shadow check and the op-executed event, for one replayed kernel."""
     _, be, key, _ins, attrs, out, _shape = e
     inputs = _inputs(e, buf, meta)
@@ -294,7 +275,7 @@ def _check(e: tuple, buf: list, meta: list, events) -> None:
         ev(op=key[0].value, backend=be.name, layout=key[1], inputs=inputs, output=_make(buf, meta, out))
 
 
-def _fallback_in_place(e: tuple, buf: list, meta: list, exc: BaseException) -> Any:
+def _fallback_in_place(e: tuple, buf: Any, meta: list, exc: BaseException) -> Any:
     """A kernel failed after the optimizer stepped (re-running the call would step twice): recompute
     just this kernel through the usual fallback chain."""
     _, be, key, _ins, attrs, out, shape = e

@@ -174,6 +174,7 @@ class Capture:
         self.fresh_draws = fresh_draws
         self.kernels = sum(1 for e in program if e[0] in (KERNEL, FUSED))
         self.fast: Callable[[list, dict, dict], Any] | None = None
+        self.checked: Callable[[list, dict, dict], Any] | None = None  # the checked variant, made on demand
         self.guards = guards
 
     def still_valid(self, flat: list) -> bool:

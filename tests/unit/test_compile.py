@@ -558,20 +558,37 @@ def test_step_that_clears_gradients_itself_replays_without_recapturing():
     np.testing.assert_allclose(params[1].numpy(), [0.5 - 10 * 0.1 * 3.0], rtol=1e-12)
 
 
-def test_interpreter_and_generated_replays_agree(monkeypatch):
-    from polygrad.compile import executor
+class _Counter:
+    """An op listener: with one registered, replays run the executor's checked variant."""
 
-    def run() -> tuple[list[float], list[np.ndarray]]:
+    def __init__(self):
+        self.ops = 0
+
+    @pg.hookimpl
+    def polygrad_op_executed(self, op, backend, layout, inputs, output):
+        self.ops += 1
+
+
+def test_plain_and_checked_replays_agree():
+    def run(listen: bool) -> tuple:
         model, step = _moons()
         f = compile_pure(step)
-        losses = [f().item() for _ in range(8)]
-        return losses, _params(model), f
+        listener = _Counter()
+        if listen:
+            pg.register_plugin(listener, name="test-compile-counter")
+        try:
+            losses = [f().item() for _ in range(8)]
+        finally:
+            if listen:
+                pg.unregister_plugin(listener)
+        return losses, _params(model), f, listener
 
-    fast_losses, fast_params, f = run()
-    assert next(iter(f._cache.values())).capture.fast is not None
-    monkeypatch.setattr(executor, "MAX_GENERATED", 0)  # every program through the interpreter
-    slow_losses, slow_params, g = run()
-    assert next(iter(g._cache.values())).capture.fast is None and g.stats["replays"] == 5
+    fast_losses, fast_params, f, _ = run(False)
+    cap = next(iter(f._cache.values())).capture
+    assert cap.fast is not None and cap.checked is None  # one executor: the generated function
+    slow_losses, slow_params, g, listener = run(True)
+    cap = next(iter(g._cache.values())).capture
+    assert cap.checked is not None and g.stats["replays"] == 5 and listener.ops > 0
     assert fast_losses == slow_losses
     for a, b in zip(fast_params, slow_params):
         np.testing.assert_array_equal(a, b)

@@ -178,17 +178,30 @@ def test_demos_report_whether_steps_were_replayed(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is False
 
 
-@pytest.mark.parametrize("generated", [True, False])
-def test_dropout_replay_draws_equal_eager_in_both_replay_paths(generated, monkeypatch):
-    from polygrad.compile import executor
+class _Counter:
+    @pg.hookimpl
+    def polygrad_op_executed(self, op, backend, layout, inputs, output):
+        pass
 
-    if not generated:
-        monkeypatch.setattr(executor, "MAX_GENERATED", 0)  # the interpreter replays the program
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_dropout_replay_draws_equal_eager_in_both_executor_variants(checked):
     x = pg.tensor(np.linspace(-2.0, 2.0, 3 * 40).reshape(3, 40), dtype=pg.float32)
     f = compile_pure(lambda t: nn.dropout(t, 0.3) * 1.0, warmup=0)
+    listener = _Counter()
+    if checked:  # an op listener: the executor's checked variant replays
+        pg.register_plugin(listener, name="test-compile-dropout-listener")
+    try:
+        _dropout_draws_equal(f, x, checked)
+    finally:
+        if checked:
+            pg.unregister_plugin(listener)
+
+
+def _dropout_draws_equal(f, x, checked: bool) -> None:
     for _ in range(3):
         f(x)
-    assert (f._cache[next(iter(f._cache))].capture.fast is None) is not generated
+    assert (f._cache[next(iter(f._cache))].capture.checked is not None) is checked
     for seed in range(3):
         pg.manual_seed(seed)
         want = nn.dropout(x, 0.3).numpy()
