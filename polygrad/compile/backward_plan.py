@@ -29,6 +29,8 @@ import keyword
 import threading
 from typing import Any, Callable
 
+import numpy as np
+
 from ..autodiff import _accumulate_lock, _data_or_stand_in
 from ..backend import Backend
 from ..config import config
@@ -206,8 +208,8 @@ class BackwardPlans:
         except Exception:  # noqa: BLE001 - a kernel fault: the caller runs the pass eagerly
             return False
         with _accumulate_lock:
-            for (n, _, be, shape, dtype), array in zip(plan.deliveries, grads):
-                leaves[n].grad = Tensor._make(array, be, shape, dtype)
+            for (n, _, be, shape, dtype, shared), array in zip(plan.deliveries, grads):
+                leaves[n].grad = Tensor._make(array.copy() if shared else array, be, shape, dtype)
         for i in plan.freed:
             nodes[i].free()
         return True
@@ -223,6 +225,21 @@ def _array_at(position: tuple, order: list, nodes: list, leaves: list) -> Any:
     return None if g is None else g._data
 
 
+def _copy(array: Any) -> Any:
+    copy = getattr(array, "copy", None)
+    return copy() if callable(copy) else array
+
+
+def _aliases(a: Any, b: Any) -> bool:
+    """Whether arrays ``a`` and ``b`` may share memory (numpy: exactly; other arrays: identity or a
+    common base, conservatively)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.shares_memory(a, b))
+    return getattr(a, "base", None) is not None and getattr(a, "base", None) is getattr(b, "base", b)
+
+
 def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: list, tables: tuple) -> _Plan | None:
     """The plan of a recorded eager backward pass, or None when it cannot be replayed exactly."""
     if rec.problem is not None or rec.host_guards or rec.items or rec.array_guard:
@@ -232,6 +249,7 @@ def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: lis
     steps: list = []
     deliveries: list = []
     made: set[int] = set()  # slots the kernels write
+    originals: list = []  # the constants as recorded (the plan keeps copies)
     for e in rec.program:
         kind = e[0]
         if kind == KERNEL or kind == FUSED:
@@ -245,7 +263,9 @@ def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: lis
             if positions is None:
                 if e.tensor.requires_grad:
                     return None  # a tensor outside the graph that requires grad: not a rule's constant
-                constants.append((e.slot, e.tensor._data))
+                # a copy: the recorded array may be handed to the user (a leaf's gradient) and written
+                constants.append((e.slot, _copy(e.tensor._data)))
+                originals.append(e.tensor._data)
             else:
                 bindings.append((e.slot, tuple(positions)))
         elif kind == GRAD:
@@ -259,7 +279,12 @@ def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: lis
                 if n is None or value[0] != 1 or value[1] not in made:
                     return None  # a gradient no kernel made (a seed delivered as it is), or to a non-leaf
                 be, shape, dtype = rec.meta[value[1]]
-                deliveries.append((n, value[1], be, shape, dtype))
+                # a gradient that shares memory with a constant the plan keeps (a rule's seed or
+                # zeros, or a view of one) is copied when delivered: eager's is fresh every call,
+                # and a later in-place write into it must not reach the next call's constant
+                array = rec.slot_arrays[value[1]]
+                shared = any(_aliases(array, c) for c in originals)
+                deliveries.append((n, value[1], be, shape, dtype, shared))
         else:
             return None  # random draws, host calls, anything else: the pass stays eager
     freed = [i for i, node in enumerate(nodes) if node.inputs is None]

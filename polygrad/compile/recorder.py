@@ -75,6 +75,7 @@ class _Recorder:
         self.meta: list[tuple] = []          # slot -> (backend, shape, dtype)
         self.slot_of: dict[int, int] = {}    # id(array) -> slot
         self.keep: list[Any] = []            # everything whose id is a key above stays alive
+        self.slot_arrays: list[Any] = []     # slot -> the array it held in this run
         self.arg_index = {id(t): i for i, t in enumerate(flat)}
         self.watched: list[tuple[Tensor, Any]] = []   # (tensor, ref: arg index or the tensor)
         self.baseline: dict[int, list] = {}  # id(tensor) -> [grad, storage] at the last sync
@@ -109,6 +110,7 @@ class _Recorder:
         self.meta.append((be, shape, dtype))
         self.slot_of[id(array)] = slot
         self.keep.append(array)
+        self.slot_arrays.append(array)
         return slot
 
     def _input(self, t: Tensor) -> int:

@@ -479,3 +479,25 @@ def test_fit_reports_its_mode_and_the_default_mode_equals_eager():
     assert_bitwise(p0, p2)
     with pytest.raises(ValueError, match="compile must be"):
         run("fast")
+
+
+def test_default_mode_gradient_written_in_place_does_not_reach_the_next_call():
+    """A rule's gradient can be a view of a constant it made (reshape of the seed); eager makes that
+    constant afresh every call, so a backward plan must not hand out the one it keeps."""
+    def run(mode: Mode) -> list:
+        w = pg.tensor(np.array([2.0]), requires_grad=True)
+
+        def step():
+            w.grad = None
+            loss = w.reshape(())
+            loss.backward()
+            g = w.grad.numpy()
+            g *= 3.0  # the user scales the gradient in place (numpy() shares the storage)
+            return w.grad
+
+        f = mode(step)
+        return _obs([f() for _ in range(5)])
+
+    default = Mode("default")
+    assert_bitwise(run(Mode("eager")), run(default))
+    assert default.compiled[0].plans.stats["planned"] == 4
