@@ -45,12 +45,13 @@ MAX_PLANS = 16
 
 
 class _Plan:
-    __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run")
+    __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run", "deep")
 
     def __init__(self, attrs: list, bindings: list, constants: list, steps: list, deliveries: list,
                  freed: list, tables: tuple, shapes: dict):
         self.shapes = shapes          # slot -> the shape recorded (fused kernels' outputs)
-        self.attrs = attrs            # each node's attrs (compared with _same: they may hold arrays)
+        self.attrs = attrs            # each node's attrs
+        self.deep = {i for i, a in enumerate(attrs) if _has_array(a)}  # those compared with _same
         self.bindings = bindings      # (slot, positions): each ("out", i, 0) node i's output, ("in", i, j)
         #                               node i's input j, ("grad", n, 0) leaf n's .grad; several
         #                               positions held the same array when recorded: they must still
@@ -96,15 +97,23 @@ def _structure(order: list) -> tuple[tuple, list, list, list]:
     return tuple(parts), attrs, nodes, leaves
 
 
-def _equal_attrs(a: dict, b: dict) -> bool:
-    """``_same`` for two attribute dicts, through dict equality when it gives a plain answer (most
-    attributes are ints and tuples; arrays inside make ``==`` raise, and ``_same`` decides)."""
-    try:
-        if a == b:
-            return _same(a, b) if _has_array(a) else True
-        return False
-    except Exception:  # noqa: BLE001 - arrays (or odd objects) inside: compare item by item
-        return _same(a, b)
+def _attrs_match(plan: _Plan, attrs: list) -> bool:
+    """Each node's attributes equal the plan's: plain ones (ints, tuples: most) by ``==``, those
+    holding arrays or other objects by ``_same`` (elementwise, dtypes included)."""
+    deep = plan.deep
+    for i, (a, b) in enumerate(zip(plan.attrs, attrs)):
+        if a is b:
+            continue
+        if i in deep:
+            if not _same(a, b):
+                return False
+            continue
+        try:
+            if not a == b:
+                return False
+        except Exception:  # noqa: BLE001 - the call's attribute holds an array where the plan's did not
+            return False
+    return True
 
 
 def _has_array(attrs: dict) -> bool:
@@ -145,7 +154,7 @@ class BackwardPlans:
             candidates = list(self._plans.get(key, ()))
         tables = _tables()
         for plan in candidates:
-            if plan.tables == tables and all(a is b or _equal_attrs(a, b) for a, b in zip(plan.attrs, attrs)):
+            if plan.tables == tables and _attrs_match(plan, attrs):
                 if self._run(plan, order, nodes, leaves):
                     self.stats["planned"] += 1
                     return
