@@ -501,3 +501,15 @@ def test_default_mode_gradient_written_in_place_does_not_reach_the_next_call():
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
     assert default.compiled[0].plans.stats["planned"] == 4
+
+
+def test_gat_demo_default_mode_equals_eager_bit_for_bit():
+    from polygrad.demos import graph_tensors, load_graph
+    from polygrad.gnn_demos import build_gat, train_node_model
+
+    ds = load_graph(None, "cora", False)
+    x = graph_tensors(ds)[0]
+    eager = train_node_model(lambda: build_gat(ds), ds, x, 0, 4, compile=False)
+    default = train_node_model(lambda: build_gat(ds), ds, x, 0, 4)
+    assert default["compile_mode"] == "default" and eager["compile_mode"] == "eager"
+    assert default["curves"] == eager["curves"] and default["test_accuracy"] == eager["test_accuracy"]
