@@ -37,7 +37,7 @@ from ..config import config
 from ..dispatch import _recording, registry
 from ..graph import graph_key, toposort
 from ..tensor import Tensor
-from .program import BACKWARD, FUSED, GRAD, KERNEL, LOAD, _same
+from .program import BACKWARD, FUSED, GRAD, KERNEL, LOAD, _same, _ShapeMismatch
 from .recorder import _Recorder
 
 #: structures kept per compiled function (least recently recorded first out)
@@ -301,14 +301,10 @@ def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: lis
     return _Plan(attrs, bindings, constants, steps, deliveries, freed, tables, shapes)
 
 
-class _Mismatch(Exception):
-    """A kernel of a plan returned a shape the recording did not see."""
-
-
 def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
     """The plan as one Python function: its kernels as straight-line calls over local buffers, each
     deleted after its last use (what makes a plan cheaper than the rules it replaces)."""
-    env: dict[str, Any] = {"Mismatch": _Mismatch}
+    env: dict[str, Any] = {"Mismatch": _ShapeMismatch}
     kernels: dict[tuple, str] = {}
 
     def const(value: Any) -> str:
@@ -329,7 +325,7 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
 
     def check(var: str, be: Any, shape: tuple) -> str:
         got = f"{var}.shape" if type(be).shape is Backend.shape else f"{const(be.shape)}({var})"
-        return f"if {got} != {const(shape)}: raise Mismatch()"
+        return f"if {got} != {const(shape)}: raise Mismatch({const(shape)}, {got})"
 
     delivered = [d[1] for d in plan.deliveries]
     body: list[tuple[list[str], tuple]] = []
@@ -341,7 +337,7 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
             lines = [f"r = {kernel(True, e.backend, e.key)}({call(e.inputs, e.kwargs)})"]
             for i, slot in enumerate(e.outs):
                 if slot >= 0:
-                    lines += [f"b{slot} = r[{i}]", check(f"b{slot}", e.backend, plan_shape(plan, slot, e))]
+                    lines += [f"b{slot} = r[{i}]", check(f"b{slot}", e.backend, plan.shapes[slot])]
             body.append((lines, e.inputs))
     last: dict[int, int] = {}
     for n, (_, ins) in enumerate(body):
@@ -360,8 +356,3 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
     src.append(f"    return ({''.join(f'b{slot}, ' for slot in delivered)})")
     exec(builtins.compile("\n".join(src), "<pg.compile backward plan>", "exec"), env)
     return env["run"]
-
-
-def plan_shape(plan: _Plan, slot: int, e: Any) -> tuple:
-    """The shape the recording saw for a fused kernel's output ``slot``."""
-    return plan.shapes[slot]
