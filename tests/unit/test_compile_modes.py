@@ -513,3 +513,35 @@ def test_gat_demo_default_mode_equals_eager_bit_for_bit():
     default = train_node_model(lambda: build_gat(ds), ds, x, 0, 4)
     assert default["compile_mode"] == "default" and eager["compile_mode"] == "eager"
     assert default["curves"] == eager["curves"] and default["test_accuracy"] == eager["test_accuracy"]
+
+
+@pytest.mark.parametrize("mode", ["raise", "wrong_shape"])
+def test_default_mode_kernel_fault_during_a_backward_plan_runs_the_pass_eagerly(mode):
+    from polygrad.errors import FallbackWarning
+    from polygrad.testing import inject_fault
+
+    def run(wrap: Mode) -> list:
+        model = _linear()
+        opt = optim.SGD(model.parameters(), lr=0.1)
+        x, y = _data()
+
+        def step():
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = wrap(step)
+        out = [f() for _ in range(3)]  # the plan is recorded, then used
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FallbackWarning)  # eager falls back as well: the point is equality
+            with inject_fault("numpy", "matmul", mode=mode) as fault:
+                out += [f() for _ in range(2)]
+        assert fault.triggered >= 1
+        out += [f() for _ in range(3)]
+        return _obs(out + list(model.parameters()))
+
+    default = Mode("default")
+    assert_bitwise(run(Mode("eager")), run(default))
+    assert default.compiled[0].plans.stats["planned"] >= 3
