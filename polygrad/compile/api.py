@@ -185,9 +185,12 @@ class Compiled:
         return self if obj is None else types.MethodType(self, obj)
 
     def clear(self) -> None:
-        """Forget every capture (the next calls warm up and capture again)."""
+        """Forget every capture, backward plan and remembered inference (the next calls warm up,
+        capture and plan again)."""
         with self._lock:
             self._cache.clear()
+            self.plans = BackwardPlans()
+            self._inferred = {}
 
 
 def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int = 8, warmup: int = 1,
