@@ -32,9 +32,10 @@ class _Entry:
 
 
 class Compiled:
-    """``fn`` with capture and replay (see :func:`compile`).  ``stats`` counts eager calls,
-    captures, replays, re-captures, dropped captures and refusals; ``reason`` says why the last
-    refused capture was refused."""
+    """``fn`` compiled (see :func:`compile`): ``pure`` says which mode.  ``stats`` counts eager
+    calls (every default-mode call is one), captures, replays, re-captures, dropped captures and
+    refusals; ``reason`` says why the last refused capture was refused; ``plans.stats`` counts the
+    default mode's backward passes run through a plan, recorded and run eagerly."""
 
     def __init__(self, fn: Callable, cache_size: int = 8, warmup: int = 1, modules: Any = None,
                  enabled: bool = True, pure: bool = False):

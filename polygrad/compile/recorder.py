@@ -57,13 +57,6 @@ def note_group_write(key: str, frame: Any) -> None:
                    "(a scheduler's step() is replayed: use one)")
 
 
-def note_host_array(array: Any) -> None:
-    """A numpy array was read on the host as data or an index: a capture guards its content."""
-    rec = _recording.get()
-    if rec is not None and isinstance(array, np.ndarray):
-        rec.host_array(array)
-
-
 # -- the recorder -------------------------------------------------------------------------------------
 
 class _Recorder:
