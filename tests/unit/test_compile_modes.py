@@ -545,3 +545,36 @@ def test_default_mode_kernel_fault_during_a_backward_plan_runs_the_pass_eagerly(
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
     assert default.compiled[0].plans.stats["planned"] >= 3
+
+
+@pytest.mark.parametrize("learn_values", [False, True])
+def test_default_mode_sparse_step_equals_eager_bit_for_bit(learn_values):
+    """An SpMM step, its fused backward planned; with learnable sparse values too (their gradient,
+    at the nonzeros only, is delivered by the plan like any other)."""
+    def run(mode: Mode) -> list:
+        pg.manual_seed(5)
+        rng = np.random.default_rng(5)
+        dense = rng.random((12, 12)) * (rng.random((12, 12)) < 0.3)
+        a = pg.tensor(dense, layout="csr", requires_grad=learn_values)
+        x = pg.tensor(rng.random((12, 4)))
+        lin = nn.Linear(4, 3, dtype=pg.float64)
+        opt = optim.Adam(lin.parameters() + ([a] if learn_values else []), lr=0.05)
+
+        def step():
+            opt.zero_grad()
+            loss = (a @ nn.dropout(lin(x), 0.3)).relu().mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = mode(step)
+        out = []
+        for k in range(6):
+            pg.manual_seed(k)  # the same dropout masks eagerly and compiled
+            out.append(f())
+        return _obs(out + list(lin.parameters()) + ([a.values] if learn_values else []))
+
+    default = Mode("default")
+    assert_bitwise(run(Mode("eager")), run(default))
+    stats = default.compiled[0].plans.stats
+    assert stats["planned"] == 5
