@@ -35,7 +35,7 @@ from ..autodiff import _accumulate_lock, _data_or_stand_in
 from ..backend import Backend
 from ..config import config
 from ..dispatch import _recording, registry
-from ..graph import graph_key, toposort
+from ..graph import toposort
 from ..tensor import Tensor
 from .program import BACKWARD, FUSED, GRAD, KERNEL, LOAD, _same, _ShapeMismatch
 from .recorder import _Recorder
@@ -65,7 +65,7 @@ class _Plan:
 
 def _structure(order: list) -> tuple[tuple, list, list, list]:
     """(hashable structure key, each node's attrs, the nodes, the leaves) of a toposorted graph."""
-    position = {graph_key(t): i for i, t in enumerate(order)}
+    position = {id(t._node): i for i, t in enumerate(order)}  # graph_key of a tensor with a node
     leaves: list = []
     leaf_no: dict[int, int] = {}
     parts: list = []
@@ -78,9 +78,12 @@ def _structure(order: list) -> tuple[tuple, list, list, list]:
             return (), [], [], []  # freed (eager raises) or fallen back: no plan
         refs: list = []
         for inp in inputs:
-            if inp._node is not None and inp.requires_grad:
-                refs.append(position[graph_key(inp)])
-            elif inp._node is None and inp.requires_grad:
+            inode = inp._node
+            if not inp.requires_grad:
+                refs.append(("const", inp.shape, inp.dtype, inp._be.name, inp._data is None, inode is not None))
+            elif inode is not None:
+                refs.append(position[id(inode)])
+            else:
                 n = leaf_no.get(id(inp))
                 if n is None:
                     n = leaf_no[id(inp)] = len(leaves)
@@ -88,9 +91,6 @@ def _structure(order: list) -> tuple[tuple, list, list, list]:
                 g = inp.grad
                 refs.append(("leaf", n, inp.shape, inp.dtype, inp._be.name, inp._data is None,
                              None if g is None else (type(g), g.shape, g.dtype, g._be.name)))
-            else:
-                refs.append(("const", inp.shape, inp.dtype, inp._be.name, inp._data is None,
-                             inp._node is not None))
         parts.append((node.op, node.layout, node.backend.name, t.shape, t.dtype, tuple(refs), tuple(node.attrs)))
         attrs.append(node.attrs)
         nodes.append(node)
