@@ -47,11 +47,12 @@ EMPTY: dict = {}
 
 
 def _memo_infer(memo: dict, op: Op, shapes: tuple, dtypes: tuple, attrs: dict) -> tuple:
-    """Inference through ``memo``; attributes are keyed with their types (1, 1.0 and True hash
-    alike but may infer differently), and ones that cannot be hashed (arrays) are not memoised."""
+    """Inference through ``memo``; attributes are keyed with their types, and a tuple's with its
+    items' types (1, 1.0 and True hash alike but may infer differently); ones that cannot be
+    hashed (arrays) are inferred every time."""
     key: tuple = (op, shapes, dtypes)
     for k, v in attrs.items():
-        key += (k, type(v), v)
+        key += (k, type(v), v, tuple(map(type, v)) if type(v) is tuple else None)
     try:
         hit = memo.get(key)
     except TypeError:  # an unhashable attribute (an index array): infer every time
