@@ -23,10 +23,11 @@ Two regimes are measured side by side in one run:
 
 Targets: polygrad / micrograd <= 0.15 as shipped and <= 0.8 with GC off.
 
-A section from ``benchmarks/compile_step.py`` times the moons step eager, compiled
-(``pg.compile``) and in PyTorch eager in the same run (target: compiled <= 0.5x PyTorch).
-Two more sections come from ``benchmarks/tensor_step.py``: the same step on Tensors (numpy backend,
-target <= 1 ms) and the per-op dispatch overhead.  Extension hook: append a ``section(quick: bool) -> {"rows": [...], "summary": {...}}`` function to
+A section from ``benchmarks/compile_step.py`` times the moons step eager, under ``pg.compile``
+(default mode, target <= 0.8x PyTorch eager), under ``pg.compile(pure=True)`` (target <= 0.4x) and
+in PyTorch eager, in the same run.  Two more sections come from ``benchmarks/tensor_step.py``: the
+same step on Tensors (numpy backend, target <= 1 ms) and the per-op dispatch overhead.  Extension
+hook: append a ``section(quick: bool) -> {"rows": [...], "summary": {...}}`` function to
 :data:`EXTRA_SECTIONS` (from this module or one imported here); its rows are appended to the table
 and its summary merged into the summary (keys should be prefixed with the section name).
 """

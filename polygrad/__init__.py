@@ -36,7 +36,7 @@ from .lazy import materialize
 from .monitor import monitor
 from .draw import draw_graph
 from .checkpoint import load, save
-from .capture import compile  # noqa: A004 - pg.compile, like torch.compile
+from .compile import compile  # noqa: A004 - pg.compile, like torch.compile
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Sequence, cast
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 #: threads over graphs that share a leaf (data-parallel workers, one model) must not lose each
 #: other's contributions.  One lock for all leaves: the critical section is one dispatch of ``+``.
 _accumulate_lock = threading.Lock()
+#: the backward plans of the ``pg.compile`` default-mode call running in this context (None: none;
+#: see polygrad.compile.backward_plan): ``plans.backward(root, eager)`` runs a plain backward()
+backward_plans: ContextVar[Any] = ContextVar("polygrad_backward_plans", default=None)
 
 
 @contextmanager
@@ -326,6 +330,10 @@ def backward(root: "Tensor", grad=None, retain_graph: bool = False, create_graph
     if not root.requires_grad:
         raise GraphError(f"backward() on a tensor of shape {root.shape} that does not require grad "
                          "(no input had requires_grad=True, or it was computed under no_grad)")
+    plans = backward_plans.get()
+    if plans is not None and grad is None and not (retain_graph or create_graph):
+        plans.backward(root, lambda: _run([root], [_seed(root, grad)], False, False, None))
+        return
     _run([root], [_seed(root, grad)], retain_graph or create_graph, create_graph, None)
 
 

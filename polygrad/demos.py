@@ -160,7 +160,9 @@ def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: 
     which keeps the training graph small; the reported loss includes it.  ``rollback`` enables
     :func:`polygrad.train.fit`'s rollback with that threshold (off by default: micrograd's
     recipe has loss spikes at lr 1.0 that it recovers from by itself).  ``compile``: train with
-    :func:`polygrad.compile`'d steps (same numbers, less per-op overhead).
+    ``pg.compile(pure=True)``'d steps: the step's Python only issues ops (the model and the loss;
+    the accuracy is computed outside it), so the pure replay gives eager's numbers -- which
+    ``tests/unit/test_compile_modes.py`` checks bit for bit.
     """
     if plot:
         require_matplotlib()
@@ -193,7 +195,7 @@ def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: 
         with monitored(monitor, stream) as m:
             try:
                 history = fit(model, opt, drawing_first_graph(loss_fn, graph), steps,
-                              rollback_threshold=rollback, callback=on_epoch, compile=compile)
+                              rollback_threshold=rollback, callback=on_epoch, compile="pure" if compile else False)
             finally:
                 bar.close()
         model.eval()
@@ -206,7 +208,8 @@ def run_moons(steps: int = 100, n_samples: int = 100, noise: float = 0.1, seed: 
                   "steps": steps, "epochs": steps, "step_time_ms": _median_ms(history),
                   "epoch_time_ms": _median_ms(history), "rollbacks": history.rollbacks,
                   "peak_rss_mb": peak_rss_mb(), "backend": backend,
-                  "compiled": history.replays > 0}  # what happened: a backend may opt out of replay
+                  "compiled": history.replays > 0,  # what happened: a backend may opt out of replay
+                  "compile_mode": history.compile_mode}
         if plot:
             plot_moons(model, X_np, y01, plot, accuracy)
             result["plot"] = os.fspath(plot)
@@ -298,8 +301,10 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
             curves["val_acc"].append(rec.metrics["val_acc"])
         return on_epoch(rec) if on_epoch is not None else None
 
+    # pure: loss_fn only issues ops (metrics stay tensors); tests/unit/test_compile_modes.py checks
+    # that the replayed epochs give eager's numbers bit for bit
     history = fit(model, opt, drawing_first_graph(loss_fn, graph), epochs, rollback_threshold=None,
-                  callback=callback, compile=compile)
+                  callback=callback, compile="pure" if compile else False)
     model.eval()
     with pg.no_grad():
         logits = model(x, edge_index)
@@ -353,7 +358,8 @@ def run_gcn(data: str | None = None, dataset: str = "cora", backend: str | None 
               "test_accuracy": float(np.mean(accs)), "test_accuracy_std": float(np.std(accs)),
               "val_accuracy": float(np.mean(vals)), "runs": runs, "seeds": [seed + r for r in range(runs)],
               "test_accuracies": accs, "epochs": epochs, "epoch_time_ms": float(np.median(times)),
-              "peak_rss_mb": peak_rss_mb(), "backend": backend, "compiled": replayed}
+              "peak_rss_mb": peak_rss_mb(), "backend": backend, "compiled": replayed,
+              "compile_mode": "pure" if compile else "eager"}
     if plot and last is not None:
         plot_gcn_curves(last["curves"], plot, f"{name}: GCN, seed {seed + runs - 1}")
         result["plot"] = os.fspath(plot)

@@ -38,9 +38,30 @@ from .registry import registry
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
 #: the recorder of a ``pg.compile`` capture running in this context (None: nothing is recorded)
 _recording: ContextVar[Any] = ContextVar("polygrad_recording", default=None)
+#: a ``pg.compile`` default-mode call's inference results (None: not in one): each op's output
+#: shape and dtype, keyed by everything inference reads (op, operand shapes and dtypes, attributes)
+_inference_memo: ContextVar[Any] = ContextVar("polygrad_inference_memo", default=None)
 _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
+
+
+def _memo_infer(memo: dict, op: Op, shapes: tuple, dtypes: tuple, attrs: dict) -> tuple:
+    """Inference through ``memo``; attributes are keyed with their types, and a tuple's with its
+    items' types (1, 1.0 and True hash alike but may infer differently); ones that cannot be
+    hashed (arrays) are inferred every time."""
+    key: tuple = (op, shapes, dtypes)
+    for k, v in attrs.items():
+        key += (k, type(v), v, tuple(map(type, v)) if type(v) is tuple else None)
+    try:
+        hit = memo.get(key)
+    except TypeError:  # an unhashable attribute (an index array): infer every time
+        return _infer_rules[op](op, shapes, dtypes, attrs)
+    if hit is None:
+        hit = memo[key] = _infer_rules[op](op, shapes, dtypes, attrs)
+        if len(memo) > 4096:  # a step that keeps making new shapes: keep the memo bounded
+            memo.clear()
+    return hit
 
 
 def note_host_read(t: Any) -> None:
@@ -156,7 +177,11 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             array_list.append(t._data)
             needs_grad = needs_grad or t.requires_grad
         shapes, dtypes, arrays = tuple(shape_list), tuple(dtype_list), array_list
-    shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
+    memo = _inference_memo.get()
+    if memo is None:
+        shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
+    else:  # pg.compile's default mode: inference is a pure function of what the key holds
+        shape, dtype = _memo_infer(memo, op, shapes, dtypes, attrs)
     # the memory budget is checked before the kernel allocates, from the inferred output size
     need = math.prod(shape) * dtype.itemsize
     if need >= memory.CHECK_FLOOR:  # below it: no check, and no message built on the hot path

@@ -489,6 +489,8 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
     be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
     if backend is None and not isinstance(data, (Tensor, np.ndarray, np.generic, list, tuple, Number)):
         be = owner_of(data) or be  # a backend's own array (a torch tensor, a cupy array) stays on it
+    if isinstance(data, np.ndarray) and dispatch._recording.get() is not None:
+        dispatch._recording.get().host_array(data)  # pg.compile guards numpy data by content
     if isinstance(data, Tensor):
         array = data.numpy()
     elif be.owns(data):
@@ -1020,6 +1022,8 @@ def _normalize_index(index: Any, shape: tuple) -> tuple:
     for pos, item in enumerate(index):
         if isinstance(item, Tensor):
             item = item.numpy()
+        elif isinstance(item, np.ndarray) and dispatch._recording.get() is not None:
+            dispatch._recording.get().host_array(item)  # pg.compile guards a numpy index by content
         if isinstance(item, list):
             try:
                 item = np.asarray(item)

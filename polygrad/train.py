@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import polygrad as pg
-from polygrad.capture import Compiled
+from polygrad.compile import Compiled
 from polygrad.errors import NonFiniteError
 
 from .nn.module import Module
@@ -50,8 +50,11 @@ class History:
     stopped_early: bool = False
     stop_reason: str = ""
     #: epochs whose step ran as a pg.compile replay (0 with compile=False, or when every capture was
-    #: refused, e.g. on a backend that opts out of replay)
+    #: refused, e.g. on a backend that opts out of replay; always 0 in the default mode, which runs
+    #: the step's Python every epoch)
     replays: int = 0
+    #: how the step ran: "eager" (compile=False), "default" (pg.compile) or "pure" (pure=True)
+    compile_mode: str = "eager"
 
     @property
     def losses(self) -> list[float]:
@@ -101,7 +104,17 @@ def _check_loss(loss: Any) -> None:
                         f"{getattr(loss, 'shape', type(loss).__name__)}")
 
 
-def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) -> Compiled:
+def _compile_mode(compile: bool | str) -> str:
+    if compile is False:
+        return "eager"
+    if compile is True or compile == "default":
+        return "default"
+    if compile == "pure":
+        return "pure"
+    raise ValueError(f"fit: compile must be False, True, 'default' or 'pure', got {compile!r}")
+
+
+def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], pure: bool) -> Compiled:
     """zero_grad + loss_fn + backward as one compiled step (``pg.compile``); the optimizer steps
     outside it, after the rollback decision, exactly as in the eager loop."""
     def forward_backward() -> tuple[Tensor, dict[str, Any]]:
@@ -111,13 +124,13 @@ def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], An
         loss.backward()
         return loss, metrics
 
-    return pg.compile(forward_backward, modules=[model])
+    return pg.compile(forward_backward, modules=[model], pure=pure)
 
 
 def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs: int, *,
         rollback_threshold: float | None = 0.05, lr_decay: float = 0.5, max_rollbacks: int = 10,
         checkpoint_every: int = 1, checkpoint_path: Any = None,
-        callback: Callable[[EpochRecord], Any] | None = None, compile: bool = False) -> History:
+        callback: Callable[[EpochRecord], Any] | None = None, compile: bool | str = False) -> History:
     """Train ``model`` for ``epochs`` full-batch steps of ``optimizer`` on ``loss_fn()``.
 
     ``loss_fn()`` returns the scalar loss tensor, or ``(loss, metrics)`` with a dict of extra
@@ -128,10 +141,14 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     ``max_rollbacks`` rollbacks training stops (``History.stop_reason`` says why).  A NaN/Inf
     loss before any good checkpoint exists raises :class:`~polygrad.errors.NonFiniteError`.
 
-    ``compile=True`` runs zero_grad, ``loss_fn()`` and backward as one :func:`polygrad.compile`
-    step (replayed kernels after the first epochs; same numbers as eager).  The backward then
-    runs before the rollback decision, whose rolled-back epochs discard the gradients; metrics
-    must be tensors (or floats read with ``.item()``), since ``loss_fn`` is not re-run on replay.
+    ``compile=True`` (or ``"default"``) runs zero_grad, ``loss_fn()`` and backward as one
+    :func:`polygrad.compile` step in its default mode (``loss_fn``'s Python runs every epoch, so
+    any ``loss_fn`` gives eager's numbers).  ``compile="pure"`` compiles it with ``pure=True``:
+    replayed kernels after the first epochs, for a ``loss_fn`` whose Python does nothing but
+    issue ops (see the README's pg.compile section); its metrics must be tensors, since
+    ``loss_fn`` is not re-run on replay.  Either way the backward runs before the rollback
+    decision, whose rolled-back epochs discard the gradients.  ``History.compile_mode`` says
+    which mode ran.
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
@@ -142,8 +159,9 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     if checkpoint_every < 1:
         raise ValueError(f"fit: checkpoint_every must be >= 1, got {checkpoint_every}")
 
-    history = History()
-    step = _compiled_step(model, optimizer, loss_fn) if compile else None
+    mode = _compile_mode(compile)
+    history = History(compile_mode=mode)
+    step = None if mode == "eager" else _compiled_step(model, optimizer, loss_fn, mode == "pure")
     good: _Snapshot | None = None
     model.train()
     for epoch in range(epochs):

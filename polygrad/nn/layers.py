@@ -7,7 +7,7 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.array_pool import HOST_POOL
-from polygrad.capture import fresh
+from polygrad.compile import fresh
 from polygrad.errors import ShapeError
 from polygrad.tensor import Tensor
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 import polygrad as pg
+from polygrad.compile.recorder import note_module
 from polygrad.errors import CheckpointError, ShapeError
 from polygrad.registry import resolve
 from polygrad.tensor import Tensor
@@ -68,6 +69,7 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        note_module(self)  # a pg.compile capture guards the train/eval mode of every module that ran
         return self.forward(*args, **kwargs)
 
     # -- discovery ----------------------------------------------------------------------------------

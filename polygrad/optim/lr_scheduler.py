@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence, cast
 
-from ..capture import host_call
+from ..compile import host_call
 from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineAnnealingLR", "ReduceLROnPlateau"]

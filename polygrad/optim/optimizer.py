@@ -17,18 +17,29 @@ pattern never changes.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 import polygrad as pg
-from polygrad.capture import host_call
+from polygrad.compile import host_call
+from polygrad.compile.recorder import note_group_write
 from polygrad.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
 __all__ = ["Optimizer", "ParamGroup"]
 
-ParamGroup = dict[str, Any]
+class ParamGroup(dict):
+    """A parameter group: a plain dict ("params" and hyper-parameters, PyTorch's layout) that tells
+    a running ``pg.compile(pure=True)`` capture when code outside :mod:`polygrad.optim` sets a
+    hyper-parameter (a warm-up computed in the step), which a replay would not repeat."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        note_group_write(key, sys._getframe(1))
+        dict.__setitem__(self, key, value)
 Schedule = Callable[[int], float]
 
 
@@ -93,7 +104,7 @@ class Optimizer:
                 raise ValueError(f"{type(self).__name__}: a parameter of shape {p.shape} appears in "
                                  "more than one group (or twice in one)")
             seen.add(id(p))
-        full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": params}
+        full = ParamGroup({**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": params})
         self._check_group(full)
         self.param_groups.append(full)
 
@@ -283,7 +294,7 @@ class Optimizer:
         # hyper-parameters: validated on candidate copies, installed only when all are valid
         candidates = []
         for saved, group in zip(groups, self.param_groups):
-            candidate = dict(group)
+            candidate = ParamGroup(group)
             for k, v in saved.items():
                 if k == "params":
                     continue

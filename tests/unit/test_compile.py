@@ -2,13 +2,16 @@
 replayed kernel are survived; validation, events and randomness behave as they do eagerly."""
 from __future__ import annotations
 
+import functools
+import itertools
+
 import numpy as np
 import pytest
 
 import polygrad as pg
 from polygrad import nn, optim
 from polygrad import data as pdata
-from polygrad.capture import CompileError
+from polygrad.compile import CompileError
 from polygrad.demos import load_graph
 from polygrad.errors import BackendError, FallbackWarning
 from polygrad.testing import inject_fault
@@ -16,6 +19,10 @@ from polygrad.testing import inject_fault
 from pathlib import Path
 
 from polygrad.train import fit
+
+# these tests pin the pure mode's capture and replay (pg.compile(fn, pure=True)); the default mode,
+# which runs the step's Python on every call, is tested in test_compile_modes.py
+compile_pure = functools.partial(pg.compile, pure=True)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +58,7 @@ def _params(model) -> list[np.ndarray]:
 def test_moons_mlp_compiled_equals_eager_over_50_steps():
     eager_model, eager_step = _moons()
     model, step = _moons()
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for k in range(50):
         assert compiled().item() == eager_step().item(), f"step {k}"
     for a, b in zip(_params(eager_model), _params(model)):
@@ -81,7 +88,7 @@ def _gcn(seed: int):
 def test_gcn_with_dropout_compiled_equals_eager_over_20_epochs():
     eager_model, eager_step = _gcn(0)
     model, step = _gcn(0)
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for epoch in range(20):
         pg.manual_seed(100 + epoch)  # both runs draw the same dropout masks, in the same order
         want = eager_step().item()
@@ -94,7 +101,7 @@ def test_gcn_with_dropout_compiled_equals_eager_over_20_epochs():
 
 def test_replays_draw_fresh_dropout_masks():
     x = pg.ones(4, 50, dtype=pg.float64)
-    f = pg.compile(lambda t: nn.dropout(t, 0.5) * 1.0, warmup=0)
+    f = compile_pure(lambda t: nn.dropout(t, 0.5) * 1.0, warmup=0)
     outs = [f(x).numpy() for _ in range(5)]
     assert f.stats["replays"] == 3
     assert not np.array_equal(outs[3], outs[4])  # a replay is not a frozen mask
@@ -108,7 +115,7 @@ def test_replays_draw_fresh_dropout_masks():
 
 def _twins(fn):
     """(compiled fn with no warm-up, counter of its captures)."""
-    return pg.compile(fn, warmup=0)
+    return compile_pure(fn, warmup=0)
 
 
 def _settle(f, *args):
@@ -164,7 +171,7 @@ def test_train_eval_mode_guard_recaptures():
     pg.manual_seed(0)
     model = nn.MLP(3, [8, 2], dropout=0.5, dtype=pg.float64)
     x = pg.randn(5, 3, dtype=pg.float64)
-    f = pg.compile(lambda: model(x).sum(), warmup=0)
+    f = compile_pure(lambda: model(x).sum(), warmup=0)
     _settle(f)
     before = f.stats["captures"]
     model.eval()
@@ -177,7 +184,7 @@ def test_train_eval_mode_guard_recaptures():
 @pytest.mark.parametrize("knob", ["fallback", "validate", "grad_mode", "default_backend"])
 def test_config_and_mode_guards_recapture(knob, monkeypatch):
     x = pg.tensor(np.arange(6.0).reshape(2, 3))
-    f = pg.compile(lambda t: (t * 2.0).sum(), warmup=0)
+    f = compile_pure(lambda t: (t * 2.0).sum(), warmup=0)
     _settle(f, x)
     before = f.stats["captures"]
     if knob == "fallback":
@@ -203,7 +210,7 @@ def test_gradient_accumulation_state_is_a_guard():
         loss.backward()
         return loss
 
-    f = pg.compile(step, warmup=0)
+    f = compile_pure(step, warmup=0)
     for _ in range(4):
         f()
     np.testing.assert_array_equal(w.grad.numpy(), 4 * 2 * w.numpy())
@@ -216,12 +223,12 @@ def test_gradient_accumulation_state_is_a_guard():
 
 def test_python_scalar_arguments_are_guarded_by_value():
     x = pg.tensor(np.ones(3))
-    f = pg.compile(lambda t, s: (t * s).sum(), warmup=0)
+    f = compile_pure(lambda t, s: (t * s).sum(), warmup=0)
     assert [f(x, s).item() for s in (1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0)] == [3.0] * 3 + [6.0] * 4
 
 
 def test_capture_cache_is_a_bounded_lru():
-    f = pg.compile(_square_sum, cache_size=2, warmup=0)
+    f = compile_pure(_square_sum, cache_size=2, warmup=0)
     for n in (2, 3, 4, 2):
         x = pg.ones(n)
         for _ in range(3):
@@ -242,10 +249,10 @@ def test_changing_python_constant_is_refused_not_frozen():
             w.data = w - lr[0] * w.grad
         lr[0] *= 0.5  # a schedule in Python: a replay would freeze it
 
-    f = pg.compile(step)
+    f = compile_pure(step)
     want = np.array([1.0, -2.0])
     rate = 0.1
-    with pytest.warns(RuntimeWarning, match="changed between calls"):
+    with pytest.warns(RuntimeWarning, match="the step changes 'lr'"):
         for _ in range(8):
             f()
             want = want - rate * 2 * want
@@ -254,18 +261,20 @@ def test_changing_python_constant_is_refused_not_frozen():
     assert f.stats["replays"] == 0
 
 
-def test_float_results_replay_only_when_read_with_item():
+def test_float_results_of_computed_values_are_host_reads_that_pure_mode_refuses():
     x = pg.tensor(np.arange(3.0))
-    f = pg.compile(lambda t: (t * t).sum().item(), warmup=0)
-    assert [f(x) for _ in range(4)] == [5.0] * 4 and f.stats["replays"] == 2
-    g = pg.compile(lambda t: float(np.sum(t.numpy())), warmup=0)
+    f = compile_pure(lambda t: (t * t).sum().item(), warmup=0)
+    with pytest.warns(RuntimeWarning, match="computed on the host"):
+        assert [f(x) for _ in range(4)] == [5.0] * 4
+    assert f.stats["replays"] == 0 and "computed on the host" in f.reason
+    g = compile_pure(lambda t: float(np.sum(t.numpy())), warmup=0)
     with pytest.warns(RuntimeWarning, match="Python number"):
         assert [g(x) for _ in range(4)] == [3.0] * 4
     assert g.stats["replays"] == 0
 
 
 def test_numpy_argument_is_a_clear_error():
-    f = pg.compile(lambda a: a)
+    f = compile_pure(lambda a: a)
     with pytest.raises(CompileError, match="numpy array"):
         f(np.ones(3))
 
@@ -273,7 +282,7 @@ def test_numpy_argument_is_a_clear_error():
 def test_backend_can_opt_out_of_replay(monkeypatch):
     be = pg.tensor(1.0)._be
     monkeypatch.setattr(type(be), "supports_replay", False, raising=False)
-    f = pg.compile(_square_sum, warmup=0)
+    f = compile_pure(_square_sum, warmup=0)
     x = pg.ones(3)
     with pytest.warns(RuntimeWarning, match="does not support replay"):
         assert [f(x).item() for _ in range(4)] == [3.0] * 4
@@ -286,7 +295,7 @@ def test_backend_can_opt_out_of_replay(monkeypatch):
 def test_fault_in_replayed_kernel_is_survived(mode):
     eager_model, eager_step = _moons()
     model, step = _moons()
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for _ in range(5):
         assert compiled().item() == eager_step().item()
     with pytest.warns(FallbackWarning):
@@ -305,7 +314,7 @@ def test_fault_in_replayed_kernel_is_survived(mode):
 def test_fault_in_replayed_fused_backward_is_survived(monkeypatch):
     eager_model, eager_step = _gcn(0)
     model, step = _gcn(0)
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for epoch in range(4):
         pg.manual_seed(epoch)
         want = eager_step().item()
@@ -336,7 +345,7 @@ def test_fault_in_replayed_fused_backward_is_survived(monkeypatch):
 def test_validate_mode_shadow_checks_replays(monkeypatch):
     monkeypatch.setattr(pg.config, "validate", True)
     x = pg.tensor(np.arange(6.0).reshape(2, 3))
-    f = pg.compile(lambda t: (t.exp() * 2.0).sum(), warmup=0)
+    f = compile_pure(lambda t: (t.exp() * 2.0).sum(), warmup=0)
     _settle(f, x)
     with inject_fault("numpy", "exp", mode="nan"):
         with pytest.raises(BackendError, match="POLYGRAD_VALIDATE"):
@@ -359,7 +368,7 @@ def test_event_hooks_see_replayed_ops():
             assert all(g is not None for _, g in grads)
 
     _, step = _moons()
-    f = pg.compile(step)
+    f = compile_pure(step)
     listener = Listener()
     pg.register_plugin(listener, name="test-compile-listener")
     try:
@@ -417,7 +426,7 @@ def test_compiled_sparse_step_equals_eager_on_each_backend(bk):
         return lin, step
 
     (m1, eager), (m2, step) = build(), build()
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for k in range(8):
         pg.manual_seed(k)  # both draw the same dropout masks
         want = eager().item()
@@ -440,7 +449,7 @@ def test_fault_after_the_optimizer_stepped_falls_back_in_place():
         return model, step_then_predict
 
     (m1, eager), (m2, step) = build(), build()
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for _ in range(4):
         np.testing.assert_array_equal(compiled().numpy(), eager().numpy())
     with pytest.warns(FallbackWarning):
@@ -453,15 +462,14 @@ def test_fault_after_the_optimizer_stepped_falls_back_in_place():
 
 
 def test_error_raised_while_capturing_reaches_the_caller_and_nothing_is_cached():
-    calls = []
+    calls = itertools.count(1)  # not a list: a pure step that appends to a list is refused
 
     def flaky(t):
-        calls.append(1)
-        if len(calls) == 2:  # the capture call
+        if next(calls) == 2:  # the capture call
             raise KeyError("user bug")
         return (t * 2.0).sum()
 
-    f = pg.compile(flaky)
+    f = compile_pure(flaky)
     x = pg.ones(3)
     f(x)
     with pytest.raises(KeyError, match="user bug"):
@@ -479,7 +487,7 @@ def test_optimizer_error_in_a_replay_is_the_users_error():
         (w * w).sum().backward()
         opt.step()
 
-    f = pg.compile(step)
+    f = compile_pure(step)
     for _ in range(4):
         f()
     with pytest.raises(ValueError, match="lr_schedule"):
@@ -488,8 +496,8 @@ def test_optimizer_error_in_a_replay_is_the_users_error():
 
 
 def test_compiled_inside_a_capture_is_recorded_into_it():
-    inner = pg.compile(lambda t: t * 3.0)
-    outer = pg.compile(lambda t: inner(t).sum(), warmup=0)
+    inner = compile_pure(lambda t: t * 3.0)
+    outer = compile_pure(lambda t: inner(t).sum(), warmup=0)
     x = pg.ones(4)
     assert [outer(x).item() for _ in range(4)] == [12.0] * 4
     assert outer.stats["replays"] == 2
@@ -499,7 +507,7 @@ def test_threads_share_a_compiled_step():
     import threading
 
     x = pg.tensor(np.arange(5.0))
-    f = pg.compile(lambda t, s: (t * s).sum(), warmup=0)
+    f = compile_pure(lambda t, s: (t * s).sum(), warmup=0)
     errors: list[BaseException] = []
 
     def worker(scale: float):
@@ -539,7 +547,7 @@ def test_step_that_clears_gradients_itself_replays_without_recapturing():
         opt.step()
         return loss
 
-    f = pg.compile(step)
+    f = compile_pure(step)
     losses = [f().item() for _ in range(10)]
     assert f.stats["replays"] == 7 and f.stats["recaptures"] == 0
     w, b = np.array([1.0, -2.0]), 0.5
@@ -550,20 +558,37 @@ def test_step_that_clears_gradients_itself_replays_without_recapturing():
     np.testing.assert_allclose(params[1].numpy(), [0.5 - 10 * 0.1 * 3.0], rtol=1e-12)
 
 
-def test_interpreter_and_generated_replays_agree(monkeypatch):
-    import polygrad.capture as capture
+class _Counter:
+    """An op listener: with one registered, replays run the executor's checked variant."""
 
-    def run() -> tuple[list[float], list[np.ndarray]]:
+    def __init__(self):
+        self.ops = 0
+
+    @pg.hookimpl
+    def polygrad_op_executed(self, op, backend, layout, inputs, output):
+        self.ops += 1
+
+
+def test_plain_and_checked_replays_agree():
+    def run(listen: bool) -> tuple:
         model, step = _moons()
-        f = pg.compile(step)
-        losses = [f().item() for _ in range(8)]
-        return losses, _params(model), f
+        f = compile_pure(step)
+        listener = _Counter()
+        if listen:
+            pg.register_plugin(listener, name="test-compile-counter")
+        try:
+            losses = [f().item() for _ in range(8)]
+        finally:
+            if listen:
+                pg.unregister_plugin(listener)
+        return losses, _params(model), f, listener
 
-    fast_losses, fast_params, f = run()
-    assert next(iter(f._cache.values())).capture.fast is not None
-    monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # every program through the interpreter
-    slow_losses, slow_params, g = run()
-    assert next(iter(g._cache.values())).capture.fast is None and g.stats["replays"] == 5
+    fast_losses, fast_params, f, _ = run(False)
+    cap = next(iter(f._cache.values())).capture
+    assert cap.fast is not None and cap.checked is None  # one executor: the generated function
+    slow_losses, slow_params, g, listener = run(True)
+    cap = next(iter(g._cache.values())).capture
+    assert cap.checked is not None and g.stats["replays"] == 5 and listener.ops > 0
     assert fast_losses == slow_losses
     for a, b in zip(fast_params, slow_params):
         np.testing.assert_array_equal(a, b)
@@ -577,7 +602,7 @@ def test_pattern_rebuilt_every_call_still_replays():
         a = pg.from_edge_index(edges, 4)  # a new (equal) pattern object each call
         return (a @ t).sum()
 
-    f = pg.compile(propagate, warmup=0)
+    f = compile_pure(propagate, warmup=0)
     assert [f(x).item() for _ in range(4)] == [propagate(x).item()] * 4
     assert f.stats["replays"] == 2
 
@@ -588,7 +613,7 @@ def test_compiled_method_guards_its_module_mode():
             pg.manual_seed(1)
             self.net = nn.MLP(3, [4, 1], dropout=0.5, dtype=pg.float64)
 
-        @pg.compile
+        @compile_pure
         def score(self, x):
             return self.net(x).sum()
 
@@ -614,7 +639,7 @@ def test_returning_a_parameter_or_an_argument_returns_the_live_object():
         opt.step()
         return w, x  # eager returns these very objects, w already updated
 
-    f = pg.compile(step)
+    f = compile_pure(step)
     x = pg.tensor(np.array([1.0, 1.0]))
     for k in range(5):
         got_w, got_x = f(x)
@@ -643,7 +668,7 @@ def test_manual_update_through_data_replays_like_eager():
         return params, step
 
     (pa, eager), (pb, step) = build(), build()
-    f = pg.compile(step)
+    f = compile_pure(step)
     for k in range(8):
         assert f().item() == eager().item(), f"step {k}"
     assert f.stats["replays"] == 5

@@ -2,6 +2,8 @@
 schedulers, the memory budget, and backends that opt out of replay (what the demos report)."""
 from __future__ import annotations
 
+import functools
+
 import json
 
 import numpy as np
@@ -12,6 +14,10 @@ from polygrad import memory, nn, optim
 from polygrad.errors import MemoryBudgetError
 from polygrad.optim import lr_scheduler
 from polygrad.testing import inject_fault
+
+# these tests pin the pure mode's capture and replay (pg.compile(fn, pure=True)); the default mode,
+# which runs the step's Python on every call, is tested in test_compile_modes.py
+compile_pure = functools.partial(pg.compile, pure=True)
 
 
 def _graph(n: int = 30, e: int = 90, seed: int = 3):
@@ -47,7 +53,7 @@ def _gnn_run(aggr: str, compiled: bool, steps: int = 12):
         sched.step()  # inside the step: every replay must advance the schedule too
         return loss
 
-    f = pg.compile(step) if compiled else step
+    f = compile_pure(step) if compiled else step
     losses = []
     for k in range(steps):
         pg.manual_seed(100 + k)  # the same dropout masks (feature and attention) on both sides
@@ -90,7 +96,7 @@ def _sgd_step(schedule_inside: bool):
 def test_scheduler_changing_lr_between_calls_is_not_frozen(inside):
     w_e, opt_e, sched_e, eager = _sgd_step(inside)
     w_c, opt_c, sched_c, step = _sgd_step(inside)
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for _ in range(10):
         assert compiled().item() == eager().item()
         if not inside:
@@ -114,7 +120,7 @@ def test_reduce_on_plateau_inside_a_step_is_refused_not_frozen():
         sched.step(loss)  # the metric is a host value: a replay would freeze it
         return loss
 
-    f = pg.compile(step, warmup=0)
+    f = compile_pure(step, warmup=0)
     with pytest.warns(RuntimeWarning, match="cannot be replayed"):
         for _ in range(5):
             f()
@@ -124,7 +130,7 @@ def test_reduce_on_plateau_inside_a_step_is_refused_not_frozen():
 def test_replays_are_budgeted_at_capture_and_a_short_memory_replay_reruns_eagerly(monkeypatch):
     n = (memory.CHECK_FLOOR // 8) + 16  # an output big enough for dispatch to check the budget
     x = pg.tensor(np.ones(n))
-    f = pg.compile(lambda t: (t * 2.0).sum(), warmup=0)
+    f = compile_pure(lambda t: (t * 2.0).sum(), warmup=0)
     for _ in range(3):
         assert f(x).item() == 2.0 * n
     assert f.stats["replays"] == 1
@@ -141,7 +147,7 @@ def test_replays_are_budgeted_at_capture_and_a_short_memory_replay_reruns_eagerl
 
 def test_memory_fraction_is_a_guard():
     x = pg.ones(4)
-    f = pg.compile(lambda t: (t * t).sum(), warmup=0)
+    f = compile_pure(lambda t: (t * t).sum(), warmup=0)
     for _ in range(3):
         f(x)
     captures = f.stats["captures"]
@@ -172,17 +178,30 @@ def test_demos_report_whether_steps_were_replayed(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is False
 
 
-@pytest.mark.parametrize("generated", [True, False])
-def test_dropout_replay_draws_equal_eager_in_both_replay_paths(generated, monkeypatch):
-    from polygrad import capture
+class _Counter:
+    @pg.hookimpl
+    def polygrad_op_executed(self, op, backend, layout, inputs, output):
+        pass
 
-    if not generated:
-        monkeypatch.setattr(capture, "MAX_GENERATED", 0)  # the interpreter replays the program
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_dropout_replay_draws_equal_eager_in_both_executor_variants(checked):
     x = pg.tensor(np.linspace(-2.0, 2.0, 3 * 40).reshape(3, 40), dtype=pg.float32)
-    f = pg.compile(lambda t: nn.dropout(t, 0.3) * 1.0, warmup=0)
+    f = compile_pure(lambda t: nn.dropout(t, 0.3) * 1.0, warmup=0)
+    listener = _Counter()
+    if checked:  # an op listener: the executor's checked variant replays
+        pg.register_plugin(listener, name="test-compile-dropout-listener")
+    try:
+        _dropout_draws_equal(f, x, checked)
+    finally:
+        if checked:
+            pg.unregister_plugin(listener)
+
+
+def _dropout_draws_equal(f, x, checked: bool) -> None:
     for _ in range(3):
         f(x)
-    assert (f._cache[next(iter(f._cache))].capture.fast is None) is not generated
+    assert (f._cache[next(iter(f._cache))].capture.checked is not None) is checked
     for seed in range(3):
         pg.manual_seed(seed)
         want = nn.dropout(x, 0.3).numpy()
@@ -208,7 +227,7 @@ def test_replay_calls_a_declared_small_variant_only_at_small_call_sites(monkeypa
         return np.add(a, b)
 
     monkeypatch.setattr(kernel, "polygrad_small", (kernel, small, 100))
-    step = pg.compile(lambda x: (x + x).sum())
+    step = compile_pure(lambda x: (x + x).sum())
     for n in (10, 500):
         x = pg.tensor(np.arange(n, dtype=np.float64))
         for _ in range(5):
@@ -220,7 +239,7 @@ def test_replay_calls_a_declared_small_variant_only_at_small_call_sites(monkeypa
 def test_small_variant_not_honoured_for_a_wrapper_that_copied_it():
     import functools
 
-    from polygrad.capture import _small
+    from polygrad.compile.executor import _small
 
     def kernel(a, b):
         return a + b
@@ -240,7 +259,7 @@ def test_small_variant_not_honoured_for_a_wrapper_that_copied_it():
 
 
 def test_fault_in_a_replayed_kernel_with_a_small_variant_is_still_seen():
-    step = pg.compile(lambda x: (x * x).sum())
+    step = compile_pure(lambda x: (x * x).sum())
     x = pg.tensor(np.arange(6, dtype=np.float64))
     for _ in range(4):
         step(x)
@@ -279,20 +298,20 @@ def _row_gather_case(rows, values=None, return_logits=False, seed=0):
 
 def _program_rows(compiled) -> set:
     """Row counts of the SpMM patterns in the compiled function's captures."""
-    from polygrad import capture
+    from polygrad.compile import Kernel
     seen = set()
     for entry in compiled._cache.values():
         if entry.capture is not None:
             for e in entry.capture.program:
-                if e[0] == capture._KERNEL and e[2][0] == pg.Op.SPMM:
-                    seen.add(e[4]["pattern"].shape[0])
+                if isinstance(e, Kernel) and e.op == pg.Op.SPMM:
+                    seen.add(e.attrs["pattern"].shape[0])
     return seen
 
 
 def _run_both(rows, steps=6, **kw):
     eager_step, eager_params = _row_gather_case(rows, **kw)
     step, params = _row_gather_case(rows, **kw)
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for _ in range(steps):
         want, got = eager_step(), compiled()
         want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
@@ -341,16 +360,16 @@ def test_row_gather_rewrite_keeps_a_promoted_sum_dtype():
         out.sum().backward()
         return out
 
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for _ in range(5):
         want, got = step(), compiled()
         assert got.dtype == want.dtype == np.float64
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert compiled.stats["replays"] >= 2 and _program_rows(compiled) == {3}
-    from polygrad import capture
+    from polygrad.compile import Kernel
     cap = next(e.capture for e in compiled._cache.values() if e.capture is not None)
-    adds = [e for e in cap.program if e[0] == capture._KERNEL and e[2][0] == pg.Op.ADD]
-    assert adds and all(cap.meta[e[5]][1] == e[6] and cap.meta[e[5]][2] == np.float64 for e in adds)
+    adds = [e for e in cap.program if isinstance(e, Kernel) and e.op == pg.Op.ADD]
+    assert adds and all(cap.meta[e.out][1] == e.shape and cap.meta[e.out][2] == np.float64 for e in adds)
 
 
 def test_take_rows_is_right_cached_and_bounded():
@@ -385,7 +404,7 @@ def test_class_targets_passed_as_a_tensor_argument_are_not_frozen():
         loss.backward()
         return loss
 
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     xb = pg.tensor(rng.normal(size=(8, 3)))
     for i in range(8):
         yb = pg.tensor(np.array([0, 1, 2, 3, 0, 1, 2, 3]) if i < 4 else np.full(8, 3))
@@ -405,7 +424,7 @@ def test_an_index_tensor_argument_is_not_frozen():
         out.sum().backward()
         return out
 
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for i in range(8):
         idx = pg.tensor(np.array([1, 5, 7]) + (0 if i < 4 else 10))
         np.testing.assert_array_equal(compiled(idx).numpy(), step(idx).numpy())
@@ -425,7 +444,7 @@ def test_a_gcn_edge_index_tensor_argument_is_not_frozen():
         loss.backward()
         return loss
 
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     graphs = [pg.tensor(rng.integers(0, 30, (2, 90))) for _ in range(2)]
     for i in range(8):
         ei = graphs[0 if i < 4 else 1]
@@ -447,7 +466,7 @@ def test_coo_labelled_sparse_steps_replay():
         loss.backward()
         return loss
 
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     for _ in range(8):
         assert compiled().item() == step().item()
     assert compiled.stats["replays"] >= 5 and compiled.stats["dropped"] == 0
@@ -479,7 +498,7 @@ def test_row_gather_after_an_optimizer_step_in_the_same_call_keeps_eager_numbers
 
     eager, a2, eager_params = make()
     step, _, params = make()
-    compiled = pg.compile(step)
+    compiled = compile_pure(step)
     bad = a2.with_values(np.where(np.arange(a2.nnz) == 3, np.inf, a2.values.numpy()))
     with np.errstate(all="ignore"):
         for i in range(6):

@@ -319,7 +319,7 @@ def test_compiled_step_runs_eagerly_on_dask_and_the_demo_says_so(cluster_client,
 
     w = pg.tensor(np.linspace(-1.0, 1.0, 8).reshape(4, 2), requires_grad=True, backend="dask")
     x = pg.tensor(np.arange(12.0).reshape(3, 4), backend="dask")
-    f = pg.compile(lambda: (x @ w).sum(), warmup=0)
+    f = pg.compile(lambda: (x @ w).sum(), warmup=0, pure=True)  # the replaying mode
     with pytest.warns(RuntimeWarning, match="does not support replay"):
         values = [float(f().item()) for _ in range(4)]
     assert values == [float((x @ w).sum().item())] * 4  # what the step gives eagerly

@@ -1,0 +1,358 @@
+"""Backward plans: what makes the default ``pg.compile`` mode fast without skipping any Python.
+
+In the default mode the step's Python runs every call, so every branch, host read and side effect
+happens as in eager.  What repeats from call to call is the work polygrad does *per op* in a
+backward pass: ordering the graph, running each node's VJP rule (itself a dozen dispatched ops),
+unbroadcasting, accumulating.  A backward plan is that work recorded once, as the kernel calls it
+made, keyed by the *structure* of the graph being differentiated:
+
+* for each node, in topological order: its op, layout, backend, attributes, output shape, dtype
+  and ``requires_grad``, and where each input comes from (an earlier node, a leaf by identity
+  class, or a constant operand: its shape, dtype and whether the node kept its data);
+* for each leaf that requires grad: its shape, dtype, backend, and whether ``.grad`` is set.
+
+When ``loss.backward()`` is called and a plan recorded for exactly this structure exists, its
+kernels run over *this* call's arrays (each bound by its position in the graph: a node's output,
+a node's input, a leaf's current ``.grad``), the leaves receive their gradients, and the nodes are
+freed as eager frees them.  The kernels and their order are the ones eager runs for this
+structure, so the numbers are eager's bit for bit.  Anything a plan cannot reproduce makes the
+pass run eagerly instead: a structure seen for the first time (it is recorded), a graph with a
+scalar-decomposed (fallen-back) node, a backward that read values on the host, drew random
+numbers or delivered a gradient no kernel produced, ``retain_graph``/``create_graph``/an explicit
+``grad``, validation mode, event listeners, and a kernel that raises during the plan (the plan is
+dropped; the graph is intact until the plan finished, so the eager pass starts clean).
+"""
+from __future__ import annotations
+
+import builtins
+import keyword
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ..autodiff import _accumulate_lock, _data_or_stand_in
+from ..backend import Backend
+from ..config import config
+from ..dispatch import _recording, registry
+from ..graph import toposort
+from ..tensor import Tensor
+from .program import BACKWARD, FUSED, GRAD, KERNEL, LOAD, _same, _ShapeMismatch
+from .recorder import _Recorder
+
+#: structures kept per compiled function (least recently recorded first out)
+MAX_PLANS = 16
+
+
+class _Plan:
+    __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run", "deep")
+
+    def __init__(self, attrs: list, bindings: list, constants: list, steps: list, deliveries: list,
+                 freed: list, tables: tuple, shapes: dict):
+        self.shapes = shapes          # slot -> the shape recorded (fused kernels' outputs)
+        self.attrs = attrs            # each node's attrs
+        self.deep = {i for i, a in enumerate(attrs) if _has_array(a)}  # those compared with _same
+        self.bindings = bindings      # (slot, positions): each ("out", i, 0) node i's output, ("in", i, j)
+        #                               node i's input j, ("grad", n, 0) leaf n's .grad; several
+        #                               positions held the same array when recorded: they must still
+        self.constants = constants    # (slot, array) made by the rules themselves (seeds, zeros)
+        self.steps = steps            # Kernel / Fused entries, in order
+        self.deliveries = deliveries  # (leaf number, slot, backend, shape, dtype): leaf.grad = that
+        self.freed = freed            # node positions eager frees
+        self.tables = tables          # the fused-kernel tables the plan was recorded with
+        self.run = _generate(self)    # (bound arrays, tables, vjp_tables) -> the delivered arrays
+
+
+def _structure(order: list) -> tuple[tuple, list, list, list]:
+    """(hashable structure key, each node's attrs, the nodes, the leaves) of a toposorted graph."""
+    position = {id(t._node): i for i, t in enumerate(order)}  # graph_key of a tensor with a node
+    leaves: list = []
+    leaf_no: dict[int, int] = {}
+    parts: list = []
+    attrs: list = []
+    nodes: list = []
+    for t in order:
+        node = t._node
+        inputs = node.inputs
+        if inputs is None or node.scalar is not None:
+            return (), [], [], []  # freed (eager raises) or fallen back: no plan
+        refs: list = []
+        for inp in inputs:
+            inode = inp._node
+            if not inp.requires_grad:
+                refs.append(("const", inp.shape, inp.dtype, inp._be.name, inp._data is None, inode is not None))
+            elif inode is not None:
+                refs.append(position[id(inode)])
+            else:
+                n = leaf_no.get(id(inp))
+                if n is None:
+                    n = leaf_no[id(inp)] = len(leaves)
+                    leaves.append(inp)
+                g = inp.grad
+                refs.append(("leaf", n, inp.shape, inp.dtype, inp._be.name, inp._data is None,
+                             None if g is None else (type(g), g.shape, g.dtype, g._be.name)))
+        parts.append((node.op, node.layout, node.backend.name, t.shape, t.dtype, tuple(refs), tuple(node.attrs)))
+        attrs.append(node.attrs)
+        nodes.append(node)
+    return tuple(parts), attrs, nodes, leaves
+
+
+def _attrs_match(plan: _Plan, attrs: list) -> bool:
+    """Each node's attributes equal the plan's: plain ones (ints, tuples: most) by ``==``, those
+    holding arrays or other objects by ``_same`` (elementwise, dtypes included)."""
+    deep = plan.deep
+    for i, (a, b) in enumerate(zip(plan.attrs, attrs)):
+        if a is b:
+            continue
+        if i in deep:
+            if not _same(a, b):
+                return False
+            continue
+        try:
+            if not a == b:
+                return False
+        except Exception:  # noqa: BLE001 - the call's attribute holds an array where the plan's did not
+            return False
+    return True
+
+
+def _has_array(attrs: dict) -> bool:
+    for v in attrs.values():
+        if not isinstance(v, (int, float, str, bool, type(None))) and not (
+                isinstance(v, tuple) and all(isinstance(x, (int, float, str, bool, type(None))) for x in v)):
+            return True
+    return False
+
+
+def _tables() -> tuple:
+    vt = registry.vjp_tables
+    return tuple((name, id(t), len(t)) for name, t in vt.items())
+
+
+class BackwardPlans:
+    """The backward plans of one compiled function (thread-safe: one lock around the cache)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, list[_Plan]] = {}
+        self._lock = threading.Lock()
+        self.stats = {"planned": 0, "recorded": 0, "eager": 0}
+
+    def backward(self, root: Tensor, eager: Callable[[], None]) -> None:
+        """``root.backward()`` through a plan when one fits, else ``eager()`` (recording a plan)."""
+        if (_recording.get() is not None or config.validate or registry.events["polygrad_op_executed"] is not None
+                or registry.events["polygrad_backward_finished"] is not None):
+            eager()
+            return
+        order = toposort([root])
+        key, attrs, nodes, leaves = _structure(order)
+        if not key:
+            self.stats["eager"] += 1
+            eager()
+            return
+        key = (key, root.shape, root.dtype)
+        with self._lock:
+            candidates = list(self._plans.get(key, ()))
+        tables = _tables()
+        for plan in candidates:
+            if plan.tables == tables and _attrs_match(plan, attrs):
+                if self._run(plan, order, nodes, leaves):
+                    self.stats["planned"] += 1
+                    return
+                with self._lock:  # a kernel failed: forget the plan, run (and record) eagerly
+                    kept = self._plans.get(key, [])
+                    if plan in kept:
+                        kept.remove(plan)
+                break
+        self._record(key, order, attrs, nodes, leaves, tables, eager)
+
+    def _record(self, key: tuple, order: list, attrs: list, nodes: list, leaves: list, tables: tuple,
+                eager: Callable[[], None]) -> None:
+        where: dict[int, list] = {}  # id(array) -> the positions in the graph that hold it
+        for i, t in enumerate(order):
+            if t._data is not None:
+                where.setdefault(id(t._data), []).append(("out", i, 0))
+        for i, node in enumerate(nodes):
+            for j, inp in enumerate(node.inputs):
+                if inp._data is not None:
+                    where.setdefault(id(inp._data), []).append(("in", i, j))
+        leaf_no = {id(leaf): n for n, leaf in enumerate(leaves)}
+        for n, leaf in enumerate(leaves):
+            if leaf.grad is not None:
+                where.setdefault(id(leaf.grad._data), []).append(("grad", n, 0))
+        # every array above stays alive while the pass frees the graph: an array released mid-pass
+        # could give its id to a constant a rule makes, which would then be bound to that position
+        held = [t._data for t in order] + [inp._data for node in nodes for inp in node.inputs] + [
+            leaf.grad._data for leaf in leaves if leaf.grad is not None]
+        rec = _Recorder([], [])
+        token = _recording.set(rec)
+        try:
+            eager()
+        finally:
+            _recording.reset(token)
+        self.stats["eager"] += 1
+        plan = _plan_of(rec, where, leaf_no, attrs, nodes, tables)
+        del held
+        if plan is not None:
+            with self._lock:
+                plans = self._plans.setdefault(key, [])
+                plans.append(plan)
+                del plans[:-2]  # two plans per structure at most (e.g. a grad set or not is in the key)
+                while len(self._plans) > MAX_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+            self.stats["recorded"] += 1
+
+    @staticmethod
+    def _run(plan: _Plan, order: list, nodes: list, leaves: list) -> bool:
+        bound = []
+        for _, positions in plan.bindings:
+            array = _array_at(positions[0], order, nodes, leaves)
+            for other in positions[1:]:  # positions that shared an array when recorded still do
+                if _array_at(other, order, nodes, leaves) is not array:
+                    return False
+            if array is None:
+                return False
+            bound.append(array)
+        try:
+            grads = plan.run(bound, registry.tables, registry.vjp_tables)
+        except Exception:  # noqa: BLE001 - a kernel fault: the caller runs the pass eagerly
+            return False
+        with _accumulate_lock:
+            for (n, _, be, shape, dtype, shared), array in zip(plan.deliveries, grads):
+                leaves[n].grad = Tensor._make(array.copy() if shared else array, be, shape, dtype)
+        for i in plan.freed:
+            nodes[i].free()
+        return True
+
+
+def _array_at(position: tuple, order: list, nodes: list, leaves: list) -> Any:
+    kind, i, j = position
+    if kind == "out":
+        return order[i]._data
+    if kind == "in":
+        return nodes[i].inputs[j]._data
+    g = leaves[i].grad
+    return None if g is None else g._data
+
+
+def _copy(array: Any) -> Any:
+    copy = getattr(array, "copy", None)
+    return copy() if callable(copy) else array
+
+
+def _aliases(a: Any, b: Any) -> bool:
+    """Whether arrays ``a`` and ``b`` may share memory (numpy: exactly; other arrays: identity or a
+    common base, conservatively)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.shares_memory(a, b))
+    return getattr(a, "base", None) is not None and getattr(a, "base", None) is getattr(b, "base", b)
+
+
+def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: list, tables: tuple) -> _Plan | None:
+    """The plan of a recorded eager backward pass, or None when it cannot be replayed exactly."""
+    if rec.problem is not None or rec.host_guards or rec.items or rec.array_guard:
+        return None
+    bindings: list = []
+    constants: list = []
+    steps: list = []
+    deliveries: list = []
+    made: set[int] = set()  # slots the kernels write
+    originals: list = []  # the constants as recorded (the plan keeps copies)
+    for e in rec.program:
+        kind = e[0]
+        if kind == KERNEL or kind == FUSED:
+            steps.append(e)
+            made.update([e.out] if kind == KERNEL else [s for s in e.outs if s >= 0])
+        elif kind == LOAD:
+            if e.tensor._data is None:  # a data-less stand-in: what eager hands a fused kernel instead
+                constants.append((e.slot, _data_or_stand_in(e.tensor)))
+                continue
+            positions = where.get(id(e.tensor._data))
+            if positions is None:
+                if e.tensor.requires_grad:
+                    return None  # a tensor outside the graph that requires grad: not a rule's constant
+                # a copy: the recorded array may be handed to the user (a leaf's gradient) and written
+                constants.append((e.slot, _copy(e.tensor._data)))
+                originals.append(e.tensor._data)
+            else:
+                bindings.append((e.slot, tuple(positions)))
+        elif kind == GRAD:
+            n = leaf_no.get(id(e.owner))
+            if n is None:
+                return None
+            bindings.append((e.slot, (("grad", n, 0),)))
+        elif kind == BACKWARD:  # where the gradients went
+            for ref, value in e.grads:
+                n = leaf_no.get(id(ref))
+                if n is None or value[0] != 1 or value[1] not in made:
+                    return None  # a gradient no kernel made (a seed delivered as it is), or to a non-leaf
+                be, shape, dtype = rec.meta[value[1]]
+                # a gradient that shares memory with a constant the plan keeps (a rule's seed or
+                # zeros, or a view of one) is copied when delivered: eager's is fresh every call,
+                # and a later in-place write into it must not reach the next call's constant
+                array = rec.slot_arrays[value[1]]
+                shared = any(_aliases(array, c) for c in originals)
+                deliveries.append((n, value[1], be, shape, dtype, shared))
+        else:
+            return None  # random draws, host calls, anything else: the pass stays eager
+    freed = [i for i, node in enumerate(nodes) if node.inputs is None]
+    shapes = {slot: rec.meta[slot][1] for e in steps if e[0] == FUSED for slot in e.outs if slot >= 0}
+    return _Plan(attrs, bindings, constants, steps, deliveries, freed, tables, shapes)
+
+
+def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
+    """The plan as one Python function: its kernels as straight-line calls over local buffers, each
+    deleted after its last use (what makes a plan cheaper than the rules it replaces)."""
+    env: dict[str, Any] = {"Mismatch": _ShapeMismatch}
+    kernels: dict[tuple, str] = {}
+
+    def const(value: Any) -> str:
+        name = f"C{len(env)}"
+        env[name] = value
+        return name
+
+    def kernel(fused: bool, be: Any, key: tuple) -> str:
+        return kernels.setdefault((fused, be.name, key), f"k{len(kernels)}")
+
+    def call(ins: tuple, kwargs: dict) -> str:
+        args = [f"b{i}" for i in ins]
+        if all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
+            args += [f"{k}={const(v)}" for k, v in kwargs.items()]
+        elif kwargs:
+            args.append(f"**{const(kwargs)}")
+        return ", ".join(args)
+
+    def check(var: str, be: Any, shape: tuple) -> str:
+        got = f"{var}.shape" if type(be).shape is Backend.shape else f"{const(be.shape)}({var})"
+        return f"if {got} != {const(shape)}: raise Mismatch({const(shape)}, {got})"
+
+    delivered = [d[1] for d in plan.deliveries]
+    body: list[tuple[list[str], tuple]] = []
+    for e in plan.steps:
+        if e[0] == KERNEL:
+            body.append(([f"b{e.out} = {kernel(False, e.backend, e.key)}({call(e.inputs, e.attrs)})",
+                          check(f"b{e.out}", e.backend, e.shape)], e.inputs))
+        else:
+            lines = [f"r = {kernel(True, e.backend, e.key)}({call(e.inputs, e.kwargs)})"]
+            for i, slot in enumerate(e.outs):
+                if slot >= 0:
+                    lines += [f"b{slot} = r[{i}]", check(f"b{slot}", e.backend, plan.shapes[slot])]
+            body.append((lines, e.inputs))
+    last: dict[int, int] = {}
+    for n, (_, ins) in enumerate(body):
+        for slot in ins:
+            last[slot] = n
+    src = ["def run(bound, tables, vjp_tables):"]
+    src += [f"    b{slot} = bound[{k}]" for k, (slot, _) in enumerate(plan.bindings)]
+    src += [f"    b{slot} = {const(array)}" for slot, array in plan.constants]
+    for (fused, name, key), local in kernels.items():
+        src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
+    for n, (lines, _) in enumerate(body):
+        src += [f"    {line}" for line in lines]
+        dead = sorted({s for s, at in last.items() if at == n and s not in delivered})
+        if dead:
+            src.append(f"    del {', '.join(f'b{s}' for s in dead)}")
+    src.append(f"    return ({''.join(f'b{slot}, ' for slot in delivered)})")
+    exec(builtins.compile("\n".join(src), "<pg.compile backward plan>", "exec"), env)
+    return env["run"]

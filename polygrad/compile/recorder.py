@@ -1,0 +1,299 @@
+"""The recorder: the hooks the rest of polygrad calls while a capture runs (dispatch, autodiff, the
+optimizer, dropout, host reads), all in one place, and the recorder that turns one eager run into
+a program."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..dispatch import _recording
+from ..ops import kernel_key
+from ..sparse import SparseTensor
+from ..tensor import Tensor
+from .guards import StateGuards, hyperparameters, param_lists
+from .program import (ARG, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA, SET_GRAD, Arg,
+                      Backward, Capture, Fresh, Fused, Grad, Host, Kernel, Load, SetData, SetGrad, _Refused)
+
+
+def fresh(make: Callable[[], Tensor], raw: Callable[[], Any] | None = None) -> Tensor:
+    """``make()``, a tensor drawn from a random generator; a capture records it so that every replay
+    calls ``make()`` again (fresh dropout masks, drawn in eager order from the same generator).
+    ``raw``, when given, draws the same values as the backend array itself (no Tensor built): a
+    replay calls it instead of ``make``, which is what a replay needs and saves a wrap per draw."""
+    t = make()
+    rec = _recording.get()
+    if rec is not None:
+        rec.fresh(raw if raw is not None else make, t, raw is not None)
+    return t
+
+
+def host_call(method: Callable[..., Any], idempotent: bool, replayable: bool = True) -> None:
+    """Note that host code with effects polygrad's kernels do not see (an optimizer's ``step``) is
+    about to run; a replay calls ``method()`` at the same point.  ``replayable=False`` makes the
+    capture refuse (e.g. ``step(closure)``, which runs a forward pass of its own)."""
+    rec = _recording.get()
+    if rec is not None:
+        if replayable:
+            rec.host(method, idempotent)
+        else:
+            rec.refuse(f"{getattr(method, '__qualname__', method)} cannot be replayed here")
+
+
+def note_module(module: Any) -> None:
+    """``Module.__call__`` reports each module that runs: a capture guards its train/eval mode."""
+    rec = _recording.get()
+    if rec is not None:
+        rec.module(module)
+
+
+def note_group_write(key: str, frame: Any) -> None:
+    """An optimizer's parameter group is written from ``frame``: while a capture runs, a write from
+    outside ``polygrad.optim`` (whose optimizers and schedulers are replayed host calls) is the
+    step's Python setting a hyper-parameter, which a replay would not repeat."""
+    rec = _recording.get()
+    if rec is not None and not str(frame.f_globals.get("__name__", "")).startswith("polygrad.optim"):
+        rec.refuse(f"the step sets an optimizer's {key!r} in Python (a warm-up?); a replay would not "
+                   "(a scheduler's step() is replayed: use one)")
+
+
+# -- the recorder -------------------------------------------------------------------------------------
+
+class _Recorder:
+    """Turns one eager run into a program.  Buffers ("slots") are identified by array identity, so
+    views that share storage (``detach``, ``.data``) resolve to the kernel that produced them."""
+
+    def __init__(self, flat: list, state: list, optimizers: Any = ()):
+        self.program: list[Any] = []  # Entry named tuples
+        self.meta: list[tuple] = []          # slot -> (backend, shape, dtype)
+        self.slot_of: dict[int, int] = {}    # id(array) -> slot
+        self.keep: list[Any] = []            # everything whose id is a key above stays alive
+        self.slot_arrays: list[Any] = []     # slot -> the array it held in this run
+        self.arg_index = {id(t): i for i, t in enumerate(flat)}
+        self.watched: list[tuple[Tensor, Any]] = []   # (tensor, ref: arg index or the tensor)
+        self.baseline: dict[int, list] = {}  # id(tensor) -> [grad, storage] at the last sync
+        self.grad_owner: dict[int, Tensor] = {}       # id(a gradient tensor) -> the tensor it is .grad of
+        self.grad_guard: list[tuple[Any, bool]] = []  # (ref, had a grad when the call started)
+        self.items: dict[int, tuple[int, Any]] = {}   # id(Python number from .item()) -> (slot, number)
+        # whether each tensor the step can reach had a gradient when the call started (the step may
+        # clear it with p.grad = None before the recorder first sees p)
+        self.had_grad = {id(t): t.grad is not None for t in (*state, *flat)}
+        self.host_pending = False
+        self.hosts = 0
+        self.problem: str | None = None
+        self.computed: set[int] = set()      # id(array) of everything the step's kernels produced
+        self.host_guards: list[tuple[Any, np.ndarray]] = []  # (ref, values read on the host)
+        self.host_seen: set[int] = set()
+        # what else a replay must find unchanged (see Capture.still_valid)
+        self.requires_grad_guard: list[tuple[Any, bool]] = []  # (ref, requires_grad) of each tensor read
+        self.module_guard: dict[int, tuple[Any, bool]] = {}    # id(module) -> (module, training)
+        self.optimizer_guard: dict[int, tuple[Any, tuple]] = {}  # id(optimizer) -> (it, its param lists)
+        self.array_guard: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array) -> (it, a copy)
+        # each optimizer's hyperparameters (lr...) as host calls left them: a change between two
+        # host calls is Python setting them, which a replay would not repeat
+        self.hyper: dict[int, tuple[Any, tuple]] = {id(o): (o, hyperparameters(o)) for o in optimizers}
+
+    def refuse(self, reason: str) -> None:
+        if self.problem is None:
+            self.problem = reason
+
+    # slots
+    def _produce(self, array: Any, be, shape: tuple, dtype) -> int:
+        slot = len(self.meta)
+        self.meta.append((be, shape, dtype))
+        self.slot_of[id(array)] = slot
+        self.keep.append(array)
+        self.slot_arrays.append(array)
+        return slot
+
+    def _input(self, t: Tensor) -> int:
+        array = t._data
+        slot = self.slot_of.get(id(array))
+        if slot is not None:
+            return slot
+        slot = self._produce(array, t._be, t.shape, t.dtype)
+        index = self.arg_index.get(id(t))
+        owner = self.grad_owner.get(id(t))
+        if index is not None:
+            self.program.append(Arg(ARG, slot, index))
+            self._watch(t, index)
+        elif owner is not None and owner.grad is t:  # gradient accumulation: read the live .grad
+            self.program.append(Grad(GRAD, slot, owner))
+        else:
+            self.program.append(Load(LOAD, slot, t))
+            self._watch(t, t)
+        return slot
+
+    def _watch(self, t: Tensor, ref: Any) -> None:
+        if id(t) in self.baseline:
+            return
+        self.keep.append(t)
+        self.watched.append((t, ref))
+        self.baseline[id(t)] = [t.grad, t._data]
+        if t.grad is not None:
+            self.grad_owner[id(t.grad)] = t
+            self.keep.append(t.grad)
+        self.requires_grad_guard.append((ref, bool(t.requires_grad)))
+        had = self.had_grad.get(id(t))
+        if had is None and self.hosts == 0:
+            had = t.grad is not None
+        if had is not None:  # the state at the start of the call: a replay must find the same
+            self.grad_guard.append((ref, had))
+
+    def _check_hyper(self) -> None:
+        for opt, seen in self.hyper.values():
+            if hyperparameters(opt) != seen:
+                self.refuse("the step sets an optimizer's hyperparameters (a learning rate?) in Python; "
+                            "a replay would not (a scheduler's step() is replayed: use one)")
+
+    def _settle(self) -> None:
+        """After a host call: what it changed (new storage, cleared grads) is the new baseline."""
+        if self.host_pending:
+            self.host_pending = False
+            for key, (opt, _) in self.hyper.items():  # a host call (a scheduler) may set them
+                self.hyper[key] = (opt, hyperparameters(opt))
+            for t, _ in self.watched:
+                self.baseline[id(t)] = [t.grad, t._data]
+
+    def _value(self, g: Any) -> tuple:
+        """How a replay rebuilds tensor ``g`` (a gradient, a result)."""
+        if g is None:
+            return (0, None)
+        if isinstance(g, SparseTensor):
+            return (3, g.pattern, self._value(g._values))
+        slot = self.slot_of.get(id(g._data))
+        if slot is None:
+            return (2, g)  # made outside the kernels (a constant): the same tensor every call
+        return (1, slot)
+
+    def _sync(self) -> None:
+        """Record where gradients and storage of the watched tensors changed since the last sync."""
+        for t, ref in self.watched:
+            base = self.baseline[id(t)]
+            g = t.grad
+            if g is not base[0]:
+                self.program.append(SetGrad(SET_GRAD, ref, self._value(g)))
+                base[0] = g
+            d = t._data
+            if d is not base[1]:
+                slot = self.slot_of.get(id(d))
+                if slot is None:
+                    self.refuse("host code replaced a tensor's storage outside the optimizer")
+                    return
+                self.program.append(SetData(SET_DATA, ref, slot))
+                base[1] = d
+
+    # what dispatch, autodiff, the optimizer and dropout report
+    def kernel(self, op, layout: str, be, inputs: tuple, attrs: dict, result: Tensor) -> None:
+        if self.problem is not None:
+            return
+        self._settle()
+        if not getattr(be, "supports_replay", True):
+            self.refuse(f"backend {be.name!r} does not support replay")
+            return
+        key = kernel_key(op, layout)  # dispatch's rule: both layouts share the canonical storage
+        ins = tuple(self._input(t) for t in inputs)
+        out = self._produce(result._data, be, result.shape, result.dtype)
+        self.computed.add(id(result._data))
+        self.program.append(Kernel(KERNEL, be, key, ins, dict(attrs), out, result.shape))
+
+    def fused(self, be, key: tuple, inputs: tuple, kwargs: dict, grads: list) -> None:
+        if self.problem is not None:
+            return
+        self._settle()
+        ins = tuple(self._input(t) for t in inputs)
+        outs = tuple(-1 if g is None else self._produce(g._data, be, g.shape, g.dtype) for g in grads)
+        self.computed.update(id(g._data) for g in grads if g is not None)
+        self.program.append(Fused(FUSED, be, key, ins, kwargs, outs))
+
+    def fresh(self, make: Callable[[], Any], t: Tensor, raw: bool) -> None:
+        self._settle()
+        slot = self._produce(t._data, t._be, t.shape, t.dtype)
+        self.computed.add(id(t._data))
+        self.program.append(Fresh(FRESH, slot, make, raw))
+
+    def module(self, m: Any) -> None:
+        if id(m) not in self.module_guard:
+            self.module_guard[id(m)] = (m, bool(m.training))
+
+    def host_array(self, array: np.ndarray) -> None:
+        if id(array) not in self.array_guard:
+            self.array_guard[id(array)] = (array, array.copy())
+
+    def host(self, method: Callable[[], Any], idempotent: bool) -> None:
+        owner = getattr(method, "__self__", None)
+        groups = getattr(owner, "param_groups", None)
+        if isinstance(groups, list) and id(owner) not in self.optimizer_guard:  # an optimizer's lists
+            self.optimizer_guard[id(owner)] = (owner, param_lists(owner))
+            self.hyper.setdefault(id(owner), (owner, hyperparameters(owner)))
+        self._settle()
+        self._check_hyper()
+        self._sync()
+        self.program.append(Host(HOST, method, idempotent))
+        self.hosts += 1
+        self.host_pending = True
+
+    def host_read(self, t: Tensor) -> None:
+        """``t``'s values were read on the host (indices, class targets, a graph's edges): what the
+        step then did with them is frozen into the program, so a replay is valid only while they
+        are the same -- a guard compares them on every call.  Values the step computed itself are
+        left to the two-capture comparison (they differ from call to call, or are constants)."""
+        if self.problem is not None or id(t) in self.host_seen:
+            return
+        if id(t._data) in self.computed:
+            self.refuse("the step read a value it computed on the host (.item(), float(), bool(), "
+                        ".numpy()): a replay without Python would freeze what the step did with it")
+            return
+        self.host_seen.add(id(t))
+        self.keep.append(t)
+        self.host_guards.append((self._ref(t), np.array(t._be.to_numpy(t._data))))
+
+    def item(self, t: Tensor, value: Any) -> None:
+        if isinstance(t, SparseTensor) or self.problem is not None:
+            return
+        self._settle()
+        self.items[id(value)] = (self._input(t), value)
+
+    def backward_finished(self, num_nodes: int, produced: list) -> None:
+        self._settle()
+        grads = tuple((self._ref(leaf), self._value(g)) for leaf, g in produced)
+        self.program.append(Backward(BACKWARD, num_nodes, grads))
+
+    def _ref(self, t: Tensor) -> Any:
+        index = self.arg_index.get(id(t))
+        return t if index is None else index
+
+    def _output(self, x: Any) -> tuple:
+        if isinstance(x, Tensor):
+            if id(x) in self.baseline:  # a tensor the step read, not made: eager returns the object
+                ref = self._ref(x)
+                return ("arg", ref) if type(ref) is int else ("const", x)
+            return ("tensor", self._value(x), x.requires_grad)
+        if x is None or isinstance(x, str):
+            return ("const", x)
+        if isinstance(x, (bool, int, float, np.number)):
+            hit = self.items.get(id(x))
+            if hit is None:
+                raise _Refused(f"it returned a Python number ({x!r}) not read from a tensor with .item(); "
+                               "return the tensor instead")
+            return ("item", hit[0])
+        if isinstance(x, (tuple, list)):
+            return (type(x).__name__, tuple(self._output(v) for v in x))
+        if isinstance(x, dict):
+            return ("dict", tuple((k, self._output(v)) for k, v in x.items()))
+        raise _Refused(f"it returned a {type(x).__name__}, which a replay cannot rebuild")
+
+    def finish(self, out: Any) -> "Capture":
+        self._settle()
+        self._check_hyper()
+        self._sync()
+        if self.problem is not None:
+            raise _Refused(self.problem)
+        spec = self._output(out)
+        if self.problem is not None:
+            raise _Refused(self.problem)
+        fresh_draws = any(e[0] == FRESH for e in self.program)
+        guards = StateGuards(self.grad_guard, self.host_guards, self.requires_grad_guard,
+                             list(self.module_guard.values()), list(self.optimizer_guard.values()),
+                             list(self.array_guard.values()))
+        return Capture(self.program, self.meta, spec, fresh_draws, guards)
