@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from polygrad.activations import leaky_relu
 from polygrad.errors import ShapeError
-from polygrad.graph_ops import expand_pattern, segment_softmax
+from polygrad.graph_ops import expand_pattern, scatter, segment_softmax
+from polygrad.pattern import Pattern
 from polygrad.sparse import is_sparse
-from polygrad.tensor import Tensor, spmm
+from polygrad.tensor import Tensor, concat, segment_sum, spmm, tensor
 
 from . import init as _init
 from .layers import Linear, dropout
+from .graph_cache import EdgeGraph
 from .message_passing import MessagePassing
 from .module import Module
 
@@ -32,57 +36,141 @@ class GATConv(MessagePassing):
     """Graph attention (Veličković et al. 2018), PyG's ``GATConv``.
 
     ``h = x W`` split into ``heads`` heads of ``out_channels``; the score of edge j -> i in head k
-    is ``LeakyReLU(a_dst,k · h_i,k + a_src,k · h_j,k)``, softmax-normalised over i's incoming
-    edges, dropped out with ``dropout`` (attention dropout, training only), and the output is
-    ``sum_j alpha_ij,k h_j,k``: heads concatenated (``concat=True``, ``[N, heads*out]``) or
-    averaged; plus ``bias``.  Self loops are added (existing ones replaced, as PyG).
+    is ``LeakyReLU(a_dst,k · h_i,k + a_src,k · h_j,k [+ a_edge,k · (W_e e_ji)_k])``, softmax-
+    normalised over i's incoming edges, dropped out with ``dropout`` (attention dropout, training
+    only), and the output is ``sum_j alpha_ij,k h_j,k``: heads concatenated (``concat=True``,
+    ``[N, heads*out]``) or averaged; plus ``bias``.  Self loops are added (existing ones
+    replaced, as PyG); with ``edge_dim`` each loop's edge features are ``fill_value``: "mean"
+    (of the node's incoming edges' features, PyG's default), "add", "max" or a number.
 
-    How it runs: all heads at once on the head-expanded pattern (:func:`~polygrad.graph_ops.
-    expand_pattern`, an (N*H)-node graph), so scores are two gathers, the softmax is one segment
-    reduction and the aggregation is one SpMM; the attention gradient is an SDDMM.  Nothing is
-    ``N x N``.
+    A repeated edge is its own entry in the softmax, as in PyG.  Unlike PyG, ``edge_attr``
+    passed to a layer built without ``edge_dim`` is an error rather than ignored.
+    ``return_attention_weights=True`` also returns ``(edge_index, alpha)``: the edges attended
+    over (self loops included, PyG's order) and ``alpha`` ``[E, heads]`` in that order.
+
+    How it runs: all heads at once on head-expanded patterns (:func:`~polygrad.graph_ops.
+    expand_pattern`), so scores are gathers, the softmax is one segment reduction and the
+    aggregation is one SpMM; the attention gradient is an SDDMM.  Nothing is ``N x N``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim: int | None = None, fill_value: "float | str" = "mean",
                  bias: bool = True, dtype: Any = None, backend: Any = None):
         super().__init__(aggr="sum", add_self_loops=add_self_loops)
         if heads < 1:
             raise ValueError(f"GATConv: heads must be >= 1, got {heads}")
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"GATConv: dropout must be in [0, 1], got {dropout}")
+        if isinstance(fill_value, str) and fill_value not in _LOOP_FILLS:
+            raise ValueError(f"GATConv: fill_value must be a number or one of {tuple(_LOOP_FILLS)}, got {fill_value!r}")
         self.in_channels, self.out_channels, self.heads = int(in_channels), int(out_channels), int(heads)
         self.concat, self.negative_slope, self.dropout = bool(concat), float(negative_slope), float(dropout)
+        self.add_self_loops, self.fill_value = bool(add_self_loops), fill_value
+        self.edge_dim = None if edge_dim is None else int(edge_dim)
         self.weight = _init.glorot_uniform((self.in_channels, self.heads * self.out_channels), dtype, backend)
         self.att_src = _init.glorot_uniform((self.heads, self.out_channels), dtype, backend)
         self.att_dst = _init.glorot_uniform((self.heads, self.out_channels), dtype, backend)
+        self.lin_edge: Linear | None = None
+        self.att_edge: Tensor | None = None
+        if self.edge_dim is not None:
+            self.lin_edge = Linear(self.edge_dim, self.heads * self.out_channels, bias=False, dtype=dtype,
+                                   backend=backend)
+            self.att_edge = _init.glorot_uniform((self.heads, self.out_channels), dtype, backend)
         width = self.heads * self.out_channels if self.concat else self.out_channels
         self.bias = _init.zeros((width,), dtype, backend) if bias else None
-        self._attention: Tensor | None = None
 
-    def forward(self, x: Tensor, graph: Any, return_attention_weights: bool = False) -> Any:
+    def forward(self, x: Tensor, graph: Any, edge_attr: Any = None,
+                return_attention_weights: bool = False) -> Any:
         _check_x(f"GATConv({self.in_channels} -> {self.heads}x{self.out_channels})", x, self.in_channels)
         n, h, c = x.shape[0], self.heads, self.out_channels
-        pattern, _ = self.pattern(graph, n)
-        big, _, from_expanded = expand_pattern(pattern, h)
+        g = self.edge_graph(graph, n)
         feats = x @ self.weight                                    # [N, H*C]
         per_head = feats.reshape(n, h, c)
         a_src = (per_head * self.att_src).sum(-1).reshape(n * h)   # [N*H], node j*H+k
         a_dst = (per_head * self.att_dst).sum(-1).reshape(n * h)
-        scores = leaky_relu(a_dst[big.rows] + a_src[big.cols], self.negative_slope)
-        alpha = segment_softmax(scores, big)
+        copies, src_at, edge_at, from_copies = g.derived(("gat", h), lambda gr: _attention_index(gr, h))
+        scores = a_dst[copies.rows] + a_src[src_at]                # one per (edge copy, head)
+        edge_term = self._edge_term(edge_attr, g)
+        if edge_term is not None:
+            scores = scores + edge_term.reshape(-1)[edge_at]
+        alpha = segment_softmax(leaky_relu(scores, self.negative_slope), copies)
         alpha = dropout(alpha, self.dropout, self.training)
-        out = spmm(alpha, feats.reshape(n * h, c), big)            # [N*H, C]
+        big, _, _ = expand_pattern(g.pattern, h)
+        # copies of one edge are adjacent in the same order as the pattern's entries: their
+        # attention adds up into the entry (same message h_j), one segment sum
+        entry_alpha = segment_sum(alpha, g.derived(("gat_entries", h), lambda gr: _entry_runs(gr, h))) \
+            if g.duplicates else alpha
+        out = spmm(entry_alpha, feats.reshape(n * h, c), big)      # [N*H, C]
         out = out.reshape(n, h * c) if self.concat else out.reshape(n, h, c).mean(1)
         if self.bias is not None:
             out = out + self.bias
         if return_attention_weights:
-            return out, (pattern, alpha[from_expanded].reshape(pattern.nnz, h))
+            return out, (g.edge_index(), alpha[from_copies].reshape(g.num_edges, h))
         return out
+
+    def _edge_term(self, edge_attr: Any, g: EdgeGraph) -> Tensor | None:
+        """``a_edge · (W_e e)`` per edge (self loops included) and head: ``[E, H]``, or None."""
+        if edge_attr is None:
+            return None
+        if self.lin_edge is None or self.att_edge is None:
+            raise ShapeError("GATConv: edge_attr was given to a layer built without edge_dim "
+                             "(PyG would ignore it): pass edge_dim=F to use edge features")
+        e = edge_attr if isinstance(edge_attr, Tensor) else tensor(edge_attr)
+        if e.ndim == 1:
+            e = e.reshape(e.shape[0], 1)
+        if e.ndim != 2 or e.shape != (g.given_edges, self.edge_dim):
+            raise ShapeError(f"GATConv: edge_attr of shape {e.shape} must be [{g.given_edges}, {self.edge_dim}] "
+                             "(one row per edge of edge_index, edge_dim features)")
+        if g.kept is not None:  # PyG: remove_self_loops, then add_self_loops with fill_value
+            e = e[g.kept]
+            e = concat([e, self._loop_attr(e, g.dst[:e.shape[0]], g.num_dst)], axis=0)
+        h, c = self.heads, self.out_channels
+        return (self.lin_edge(e).reshape(g.num_edges, h, c) * self.att_edge).sum(-1)
+
+    def _loop_attr(self, e: Tensor, dst: np.ndarray, n: int) -> Tensor:
+        if isinstance(self.fill_value, str):
+            return scatter(e, dst, n, _LOOP_FILLS[self.fill_value])
+        return zeros_like_rows(e, n) + float(self.fill_value)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels} -> {self.out_channels}, heads={self.heads}, concat={self.concat}, "
-                f"dropout={self.dropout}")
+                f"dropout={self.dropout}" + (f", edge_dim={self.edge_dim}" if self.edge_dim else ""))
+
+
+_LOOP_FILLS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "max"}
+
+
+def zeros_like_rows(e: Tensor, n: int) -> Tensor:
+    """Zeros ``[n, *e.shape[1:]]`` with ``e``'s dtype and backend."""
+    return tensor(np.zeros((n,) + tuple(e.shape[1:]), dtype=e.dtype), backend=e.backend)
+
+
+def _attention_index(g: EdgeGraph, h: int) -> tuple[Pattern, np.ndarray, np.ndarray, np.ndarray]:
+    """(head-expanded copies pattern, source slot of each of its entries in ``[N*H]``, edge slot in
+    ``[E*H]``, and the map from ``(edge, head)`` flat index to its entry): GAT's index arrays."""
+    copies, _, from_expanded = expand_pattern(g.copies_pattern(), h)
+    position, head = np.divmod(copies.cols, h)       # entry k is (sorted copy position, head)
+    edge = g.order[position]
+    src_at = g.src[edge] * h + head
+    edge_at = edge * h + head
+    # (edge in edge order, head) -> entry: from (sorted position, head) -> entry, re-indexed
+    inv = np.empty_like(g.order)
+    inv[g.order] = np.arange(g.num_edges, dtype=np.int64)
+    from_edges = from_expanded.reshape(g.num_edges, h)[inv].reshape(-1) if g.num_edges else from_expanded
+    for a in (src_at, edge_at, from_edges):
+        a.flags.writeable = False
+    return copies, src_at, edge_at, from_edges
+
+
+def _entry_runs(g: EdgeGraph, h: int) -> Pattern:
+    """Segments summing the head-expanded copies of each pattern entry into that entry."""
+    _, _, from_expanded = expand_pattern(g.pattern, h)
+    per_entry = np.empty(g.pattern.nnz * h, dtype=np.int64)
+    per_entry[from_expanded] = np.repeat(g.multiplicity.astype(np.int64), h)
+    indptr = np.zeros(per_entry.shape[0] + 1, dtype=np.int64)
+    np.cumsum(per_entry, out=indptr[1:])
+    return Pattern((per_entry.shape[0], g.num_edges * h), indptr, np.arange(g.num_edges * h, dtype=np.int64))
 
 
 class SAGEConv(MessagePassing):
@@ -132,6 +220,9 @@ class GINConv(MessagePassing):
 
     def __init__(self, nn: "Module | Callable[[Tensor], Tensor]", eps: float = 0.0, train_eps: bool = False,
                  dtype: Any = None, backend: Any = None):
+        if not callable(nn):
+            raise TypeError(f"GINConv: nn must be a module or callable mapping [N, F] node features to "
+                            f"[N, F'] (PyG's GINConv(nn)), got {type(nn).__name__}")
         super().__init__(aggr="sum")
         self.nn = nn
         self.initial_eps = float(eps)

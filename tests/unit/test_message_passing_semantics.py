@@ -1,0 +1,192 @@
+"""What every message-passing layer promises about its graph argument (no torch needed):
+
+* the graph's structure is cached by content: an ``edge_index`` edited in place is seen;
+* an ``edge_index`` is a multigraph, as in PyG: a repeated edge sends one message per copy, a mean
+  counts every copy, copies' ``edge_weight``s add up (hand-computed numbers here);
+* every per-edge argument of ``propagate`` reaches ``message`` aligned with ``x_j``;
+* ``flow``, ``size=(N, M)`` and bipartite ``(x_src, x_dst)`` inputs mean what they mean in PyG.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polygrad as pg
+from polygrad import nn
+
+N = 5
+EDGES = np.array([[0, 1, 2, 2, 3, 0, 4], [1, 0, 1, 4, 2, 2, 1]])
+
+
+def _x(f=3, seed=0, n=N):
+    return np.random.default_rng(seed).normal(size=(n, f))
+
+
+class SumConv(nn.MessagePassing):
+    def __init__(self, aggr="sum", **kw):
+        super().__init__(aggr=aggr, **kw)
+
+    def forward(self, x, graph, edge_weight=None, size=None):
+        return self.propagate(graph, x=x, edge_weight=edge_weight, size=size)
+
+
+class Tutorial(nn.MessagePassing):
+    """PyG's "Creating Message Passing Networks" GCN layer, with polygrad names."""
+
+    def __init__(self, fin, fout):
+        super().__init__(aggr="add")
+        self.lin = nn.Linear(fin, fout, bias=False, dtype=pg.float64)
+
+    def forward(self, x, edge_index):
+        loops = np.arange(x.shape[0])
+        edge_index = np.concatenate([edge_index, np.stack([loops, loops])], axis=1)
+        x = self.lin(x)
+        row, col = edge_index
+        deg = np.bincount(col, minlength=x.shape[0]).astype(np.float64)
+        norm = pg.tensor(deg[row] ** -0.5 * deg[col] ** -0.5)
+        return self.propagate(edge_index, x=x, norm=norm)
+
+    def message(self, x_j, norm):
+        return norm.reshape(-1, 1) * x_j
+
+
+class Gated(nn.MessagePassing):
+    def __init__(self, aggr):
+        super().__init__(aggr=aggr)
+
+    def message(self, x_i, x_j):
+        return x_j * (x_i * x_j).sum(-1, keepdims=True).sigmoid()
+
+    def forward(self, x, graph):
+        return self.propagate(graph, x=x)
+
+
+def _layers():
+    pg.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(3, 4, dtype=pg.float64), nn.ReLU())
+    return {
+        "gcn": nn.GCNConv(3, 4, dtype=pg.float64),
+        "gat": nn.GATConv(3, 2, heads=2, dtype=pg.float64),
+        "sage-mean": nn.SAGEConv(3, 4, dtype=pg.float64),
+        "sage-max": nn.SAGEConv(3, 4, aggr="max", dtype=pg.float64),
+        "gin": nn.GINConv(mlp),
+        "custom": Gated("mean"),
+    }
+
+
+# -- caches by content --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(_layers()))
+def test_an_edge_index_edited_in_place_is_seen(name):
+    layer = _layers()[name]
+    x = pg.tensor(_x())
+    ei = EDGES.copy()
+    before = layer(x, ei).numpy()
+    ei[0, :3] = 4                                         # the same array object, new edges
+    after = layer(x, ei).numpy()
+    fresh = _layers()[name](x, ei.copy()).numpy()         # same seed: same weights, no cache
+    np.testing.assert_array_equal(after, fresh)
+    assert not np.allclose(before, after)
+
+
+# -- multigraphs --------------------------------------------------------------------------------
+
+def test_repeated_edge_weights_add_up():
+    x = np.array([[1.0], [10.0]])
+    ei = np.array([[0, 0], [1, 1]])                       # the edge 0 -> 1 twice
+    out = SumConv()(pg.tensor(x, dtype=pg.float64), ei, pg.tensor([2.0, 3.0], dtype=pg.float64)).numpy()
+    np.testing.assert_array_equal(out, [[0.0], [5.0]])   # PyG: 2*1 + 3*1
+    mean = SumConv("mean")(pg.tensor(x, dtype=pg.float64), np.array([[0, 0, 1], [1, 1, 1]]),
+                           pg.tensor([2.0, 3.0, 1.0], dtype=pg.float64)).numpy()
+    np.testing.assert_allclose(mean, [[0.0], [(2.0 + 3.0 + 10.0) / 3]], rtol=1e-15)
+
+
+def test_repeated_edges_count_in_sums_means_and_every_layer():
+    x = np.array([[1.0, 2.0], [3.0, 5.0], [7.0, 11.0]])
+    ei = np.array([[0, 0, 1], [2, 2, 2]])                 # 0 -> 2 twice, 1 -> 2 once
+    np.testing.assert_array_equal(SumConv()(pg.tensor(x), ei).numpy()[2], 2 * x[0] + x[1])
+    np.testing.assert_allclose(SumConv("mean")(pg.tensor(x), ei).numpy()[2], (2 * x[0] + x[1]) / 3, rtol=1e-15)
+    np.testing.assert_array_equal(SumConv("max")(pg.tensor(x), ei).numpy()[2], np.maximum(x[0], x[1]))
+    gin = nn.GINConv(lambda h: h)
+    np.testing.assert_array_equal(gin(pg.tensor(x), ei).numpy()[2], x[2] + 2 * x[0] + x[1])
+    np.testing.assert_allclose(Gated("sum")(pg.tensor(x), ei).numpy()[2],
+                               Gated("sum")(pg.tensor(x), np.array([[0, 1], [2, 2]])).numpy()[2]
+                               + Gated("sum")(pg.tensor(x), np.array([[0], [2]])).numpy()[2], rtol=1e-14)
+
+
+def test_gcn_counts_each_copy_in_degree_and_weight():
+    x = np.eye(3)
+    ei = np.array([[0, 0], [1, 1]])                       # 0 -> 1 twice: A[1, 0] = 2
+    conv = nn.GCNConv(3, 3, bias=False, dtype=pg.float64)
+    conv.weight.data = pg.tensor(np.eye(3))
+    a = np.array([[1.0, 0, 0], [2.0, 1, 0], [0, 0, 1]])   # + one self loop per node
+    deg = a.sum(1)
+    want = a / np.sqrt(deg[:, None] * deg[None, :])
+    np.testing.assert_allclose(conv(pg.tensor(x), ei).numpy(), want @ x, rtol=1e-14)
+    weighted = conv(pg.tensor(x), ei, edge_weight=pg.tensor([2.0, 3.0])).numpy()
+    a[1, 0] = 5.0
+    deg = a.sum(1)
+    np.testing.assert_allclose(weighted, a / np.sqrt(deg[:, None] * deg[None, :]), rtol=1e-14)
+
+
+def test_gat_gives_each_copy_its_own_attention_entry():
+    pg.manual_seed(1)
+    conv = nn.GATConv(2, 1, heads=1, add_self_loops=False, dtype=pg.float64)
+    x = _x(2, n=3)
+    ei = np.array([[0, 0, 1], [2, 2, 2]])
+    out, (edges, alpha) = conv(pg.tensor(x), ei, return_attention_weights=True)
+    h = x @ conv.weight.numpy()
+    s = h[[2, 2, 2]] @ conv.att_dst.numpy()[0] + h[[0, 0, 1]] @ conv.att_src.numpy()[0]
+    s = np.where(s > 0, s, 0.2 * s)
+    a = np.exp(s) / np.exp(s).sum()
+    np.testing.assert_array_equal(edges, ei)
+    np.testing.assert_allclose(alpha.numpy()[:, 0], a, rtol=1e-13)
+    np.testing.assert_allclose(out.numpy()[2], a @ h[[0, 0, 1]] + conv.bias.numpy(), rtol=1e-13)
+
+
+# -- per-edge arguments are aligned ---------------------------------------------------------------
+
+def test_per_edge_keyword_arguments_line_up_with_x_j():
+    rng = np.random.default_rng(0)
+    ei = rng.permutation(np.concatenate([EDGES, EDGES[::-1]], axis=1).T).T.copy()  # unsorted, symmetric
+    x = _x()
+    layer = Tutorial(3, 2)
+    out = layer(pg.tensor(x), ei).numpy()
+    a = np.zeros((N, N))
+    np.add.at(a, (ei[1], ei[0]), 1.0)
+    a += np.eye(N)
+    deg = a.sum(1)
+    want = (a / np.sqrt(deg[:, None] * deg[None, :])) @ (x @ layer.lin.weight.numpy())
+    np.testing.assert_allclose(out, want, rtol=1e-13)
+
+
+# -- flow, size, bipartite ------------------------------------------------------------------------
+
+def test_flow_target_to_source_reverses_the_edges():
+    x = pg.tensor(_x())
+    out = SumConv(flow="target_to_source")(x, EDGES).numpy()
+    np.testing.assert_allclose(out, SumConv()(x, EDGES[::-1].copy()).numpy(), rtol=1e-15)
+    with pytest.raises(ValueError, match="flow"):
+        SumConv(flow="sideways")
+
+
+def test_bipartite_pairs_and_sizes():
+    x_src, x_dst = _x(2, n=4), _x(2, seed=1, n=2)
+    ei = np.array([[0, 3, 3, 1], [0, 0, 1, 1]])          # 4 sources -> 2 destinations
+    out = SumConv()((pg.tensor(x_src), pg.tensor(x_dst)), ei).numpy()
+    np.testing.assert_allclose(out, [x_src[0] + x_src[3], x_src[3] + x_src[1]], rtol=1e-15)
+    sized = SumConv()(pg.tensor(x_src), ei, size=(4, 3)).numpy()
+    assert sized.shape == (3, 2) and not sized[2].any()
+    g = Gated("sum")
+    both = g.propagate(ei, x=(pg.tensor(x_src), pg.tensor(x_dst))).numpy()
+    gate = lambda i, j: 1 / (1 + np.exp(-(x_dst[i] * x_src[j]).sum()))  # noqa: E731
+    np.testing.assert_allclose(both[1], x_src[3] * gate(1, 3) + x_src[1] * gate(1, 1), rtol=1e-13)
+    with pytest.raises(pg.errors.ShapeError, match="rows"):
+        SumConv()(pg.tensor(x_src), ei, size=(5, 2))
+
+
+# -- construction-time errors --------------------------------------------------------------------
+
+def test_ginconv_needs_a_module_at_construction():
+    with pytest.raises(TypeError, match="GINConv: nn must be"):
+        nn.GINConv(None)
