@@ -191,16 +191,25 @@ class SAGEConv(MessagePassing):
         self.lin_r = (Linear(self.in_channels, self.out_channels, bias=False, dtype=dtype, backend=backend)
                       if self.root_weight else None)
 
-    def forward(self, x: Tensor, graph: Any) -> Tensor:
-        _check_x(f"SAGEConv({self.in_channels} -> {self.out_channels})", x, self.in_channels)
-        if self.aggr != "max" and (self.in_channels > self.out_channels or is_sparse(x)):
-            out = self.propagate(graph, x=x @ self.lin_l.weight)
+    def forward(self, x: "Tensor | tuple[Tensor, Tensor | None]", graph: Any, size: Any = None) -> Tensor:
+        """``x``: node features, or a pair ``(x_src, x_dst)`` for a bipartite graph (PyG's
+        convention: the output has a row per destination, the root term reads ``x_dst``)."""
+        name = f"SAGEConv({self.in_channels} -> {self.out_channels})"
+        x_src, x_dst = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, x)
+        _check_x(name, x_src, self.in_channels)
+        if x_dst is not None:
+            _check_x(name, x_dst, self.in_channels)
+        if self.aggr != "max" and (self.in_channels > self.out_channels or is_sparse(x_src)):
+            out = self.propagate(graph, x=(x_src @ self.lin_l.weight, x_dst), size=size)
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
-            out = self.lin_l(self.propagate(graph, x=x.to_dense() if is_sparse(x) else x))
+            out = self.lin_l(self.propagate(graph, x=(x_src.to_dense() if is_sparse(x_src) else x_src, x_dst),
+                                            size=size))
         if self.lin_r is not None:
-            out = out + self.lin_r(x)
+            if x_dst is None:
+                raise ShapeError(f"{name}: root_weight=True needs the destination features (x_dst is None)")
+            out = out + self.lin_r(x_dst)
         if self.normalize:
             norm = ((out * out).sum(-1, keepdims=True) + 1e-24) ** 0.5
             out = out / norm
