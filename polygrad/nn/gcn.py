@@ -184,30 +184,63 @@ class GCNConv(Module):
         return f"{self.in_channels} -> {self.out_channels}, cached={self.cached}"
 
 
-class GCN(Module):
-    """Kipf & Welling's two-layer GCN for node classification.
+def check_depth(model: str, num_layers: Any) -> int:
+    """``num_layers`` as an int >= 1, or a ValueError that says what the argument means (PyG's)."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
+        raise ValueError(f"{model}: num_layers (the third argument, as in PyG's "
+                         f"{model}(in_channels, hidden_channels, num_layers, out_channels)) must be an int "
+                         f">= 1, got {num_layers!r}")
+    return int(num_layers)
 
-    dropout(x) -> GCNConv -> ReLU -> dropout -> GCNConv -> logits.  Dropout on the input features
-    (sparse dropout: only stored values are dropped) is what the reference implementation does;
-    set ``input_dropout=False`` for PyG's example variant.  Both layers share one cached
-    normalised adjacency.
+
+def layer_sizes(in_channels: int, hidden_channels: int, num_layers: int,
+                out_channels: int | None) -> list[tuple[int, int]]:
+    """PyG's ``BasicGNN`` widths: ``num_layers`` layers in -> hidden -> ... -> out (or hidden)."""
+    widths = [in_channels] + [hidden_channels] * (num_layers - 1)
+    widths.append(hidden_channels if out_channels is None else out_channels)
+    return list(zip(widths, widths[1:]))
+
+
+class GCN(Module):
+    """Kipf & Welling's GCN for node classification, with PyG's ``GCN`` signature:
+    ``GCN(in_channels, hidden_channels, num_layers, out_channels=None, dropout=0.5)`` builds
+    ``num_layers`` GCNConv layers ``in -> hidden -> ... -> out_channels`` (``hidden`` when None).
+
+    dropout(x) -> GCNConv -> ReLU -> dropout -> ... -> GCNConv -> logits.  Dropout on the input
+    features (sparse dropout: only stored values are dropped) is what the reference
+    implementation does; set ``input_dropout=False`` for PyG's variant.  Unlike PyG, ``dropout``
+    defaults to the paper's 0.5 (PyG's ``BasicGNN``: 0.0).  All layers share one cached
+    normalised adjacency.  ``conv1`` / ``conv2`` name the first and second layer.
     """
 
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, dropout: float = 0.5,
-                 input_dropout: bool = True, bias: bool = True, dtype: Any = None, backend: Any = None):
+    def __init__(self, in_channels: int, hidden_channels: int, num_layers: int, out_channels: int | None = None,
+                 dropout: float = 0.5, *, input_dropout: bool = True, bias: bool = True, dtype: Any = None,
+                 backend: Any = None):
+        num_layers = check_depth("GCN", num_layers)
         self.dropout = float(dropout)
         self.input_dropout = bool(input_dropout)
-        self.conv1 = GCNConv(in_channels, hidden_channels, bias=bias, dtype=dtype, backend=backend)
-        self.conv2 = GCNConv(hidden_channels, out_channels, bias=bias, dtype=dtype, backend=backend)
+        self.convs = [GCNConv(a, b, bias=bias, dtype=dtype, backend=backend)
+                      for a, b in layer_sizes(in_channels, hidden_channels, num_layers, out_channels)]
 
-    def forward(self, x: Tensor, graph: Any) -> Tensor:
-        adj = self.conv1.adjacency(graph, x.shape[0])
-        x = sparse_input(x, self.conv1.weight)  # asked *before* dropout (see sparse_input)
+    @property
+    def conv1(self) -> GCNConv:
+        return self.convs[0]
+
+    @property
+    def conv2(self) -> GCNConv:
+        return self.convs[1]
+
+    def forward(self, x: Tensor, graph: Any, edge_weight: Any = None) -> Tensor:
+        first = self.convs[0]
+        adj = first.adjacency(graph, x.shape[0], edge_weight)
+        h = sparse_input(x, first.weight)  # asked *before* dropout (see sparse_input)
         if self.input_dropout:
-            x = dropout(x, self.dropout, self.training)
-        h = self.conv1.propagate(x, adj).relu()
-        h = dropout(h, self.dropout, self.training)
-        return self.conv2.propagate(h, adj)
+            h = dropout(h, self.dropout, self.training)
+        for k, conv in enumerate(self.convs):
+            h = conv.propagate(h, adj)
+            if k < len(self.convs) - 1:
+                h = dropout(h.relu(), self.dropout, self.training)
+        return h
 
     def extra_repr(self) -> str:
         return f"dropout={self.dropout}, input_dropout={self.input_dropout}"

@@ -327,7 +327,7 @@ def test_sampled_sage_on_a_subgraph_matches_the_full_graph_at_full_fanout():
     pg.manual_seed(8)
     ei = _ring(30, 4)
     x = np.random.default_rng(9).normal(size=(30, 3))
-    model = nn.GraphSAGE(3, 4, 2, dropout=0.0, dtype=pg.float64)
+    model = nn.GraphSAGE(3, 4, 2, 2, dropout=0.0, dtype=pg.float64)
     full = model(pg.tensor(x), ei).numpy()
     sub = pdata.NeighborSampler(ei, 30, [-1, -1], batch_size=5, seed=0).sample(np.array([3, 17]))
     part = model(pg.tensor(x[sub.n_id]), sub.edge_index).numpy()[:2]

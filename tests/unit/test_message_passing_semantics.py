@@ -190,3 +190,20 @@ def test_bipartite_pairs_and_sizes():
 def test_ginconv_needs_a_module_at_construction():
     with pytest.raises(TypeError, match="GINConv: nn must be"):
         nn.GINConv(None)
+
+
+# -- the model classes take PyG's arguments --------------------------------------------------------
+
+def test_model_classes_read_the_third_argument_as_num_layers_as_pyg():
+    sage = nn.GraphSAGE(1433, 64, 2)                     # PyG: 1433 -> 64 -> 64, two layers
+    assert [(c.in_channels, c.out_channels) for c in sage.convs] == [(1433, 64), (64, 64)]
+    gcn = nn.GCN(10, 16, 3, 4)
+    assert [(c.in_channels, c.out_channels) for c in gcn.convs] == [(10, 16), (16, 16), (16, 4)]
+    gat = nn.GAT(10, 16, 2, out_channels=3, heads=4)      # hidden width 16 = 4 heads x 4
+    assert [(c.heads, c.out_channels) for c in gat.convs] == [(4, 4), (1, 3)]
+    gin = nn.GIN(1, 32, 3, 2)
+    assert len(gin.convs) == 3 and gin.readout.out_features == 2
+    with pytest.raises(ValueError, match="num_layers"):
+        nn.GCN(10, 16, 0)
+    with pytest.raises(ValueError, match="divisible"):
+        nn.GAT(10, 10, 2, 3, heads=4)
