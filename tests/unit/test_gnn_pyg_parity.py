@@ -157,7 +157,8 @@ def test_ginconv_matches_pyg(graph):
     ref = gnn.GINConv(mlp, eps=0.3, train_eps=True).double()
     ours = nn.Sequential(nn.Linear(F_IN, 6, dtype=pg.float64), nn.ReLU(), nn.Linear(6, 4, dtype=pg.float64))
     conv = nn.GINConv(ours, eps=0.3, train_eps=True, dtype=pg.float64)
-    pairs = _lin(ours.layers[0], mlp[0]) + _lin(ours.layers[2], mlp[2]) + [_param(conv.eps, ref.eps)]  # PyG's eps went through float32
+    # PyG's eps went through float32: copied like the weights
+    pairs = _lin(ours.layers[0], mlp[0]) + _lin(ours.layers[2], mlp[2]) + [_param(conv.eps, ref.eps)]
     px, tx = pg.tensor(x, dtype=pg.float64, requires_grad=True), _t(x)
     _compare(conv(px, ei), ref(tx, torch.tensor(ei)), [px], [tx], pairs)
 
