@@ -242,12 +242,18 @@ class GINConv(MessagePassing):
             e = e.detach()  # a buffer: saved, never optimised
         self.eps = e
 
-    def forward(self, x: Tensor, graph: Any) -> Tensor:
-        if is_sparse(x):
-            x = x.to_dense()
-        if not isinstance(x, Tensor) or x.ndim != 2:
-            raise ShapeError(f"GINConv: node features must be [N, F], got {getattr(x, 'shape', type(x).__name__)}")
-        return self.nn(self.propagate(graph, x=x) + x * (self.eps + 1.0))
+    def forward(self, x: "Tensor | tuple[Tensor, Tensor | None]", graph: Any, size: Any = None) -> Tensor:
+        """``x``: node features, or ``(x_src, x_dst)`` for a bipartite graph (PyG's convention:
+        the ``(1 + eps)`` root term reads ``x_dst``, and is left out when it is None)."""
+        pair: tuple[Any, Any] = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, x)
+        x_src, x_dst = (t.to_dense() if is_sparse(t) else t for t in pair)
+        for t in (x_src, x_dst):
+            if t is not None and (not isinstance(t, Tensor) or t.ndim != 2):
+                raise ShapeError(f"GINConv: node features must be [N, F], got {getattr(t, 'shape', type(t).__name__)}")
+        out = self.propagate(graph, x=(x_src, x_dst), size=size)
+        if x_dst is not None:
+            out = out + x_dst * (self.eps + 1.0)
+        return self.nn(out)
 
     def extra_repr(self) -> str:
         return f"eps={self.initial_eps}, train_eps={self.train_eps}"

@@ -32,7 +32,7 @@ from polygrad.sparse import is_sparse
 from polygrad.sparse.graph import edge_index_array
 from polygrad.tensor import Tensor
 
-__all__ = ["EdgeGraph", "GraphCache", "fingerprint", "owned", "same_fingerprint", "FLOWS"]
+__all__ = ["EdgeGraph", "GraphCache", "fingerprint", "owned", "same_fingerprint", "self_loop_edge_index", "FLOWS"]
 
 FLOWS = ("source_to_target", "target_to_source")
 
@@ -153,13 +153,12 @@ class EdgeGraph:
         return self.derived("edge_index", lambda g: np.stack([g.src, g.dst]))
 
 
-def _without_self_loops_plus_loops(dst: np.ndarray, src: np.ndarray, num_nodes: int
-                                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dst, src, kept): existing self loops removed, one loop per node appended (PyG's
+def self_loop_edge_index(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
+    """``edge_index`` without its self loops, plus one self loop per node (PyG's
     ``remove_self_loops`` then ``add_self_loops``, what ``GATConv`` does)."""
-    kept = np.flatnonzero(dst != src)
+    keep = edge_index[0] != edge_index[1]
     loops = np.arange(num_nodes, dtype=np.int64)
-    return np.concatenate([dst[kept], loops]), np.concatenate([src[kept], loops]), kept
+    return np.concatenate([edge_index[:, keep], np.stack([loops, loops])], axis=1)
 
 
 # -- the cache --------------------------------------------------------------------------------------
@@ -167,17 +166,23 @@ def _without_self_loops_plus_loops(dst: np.ndarray, src: np.ndarray, num_nodes: 
 class GraphCache:
     """The :class:`EdgeGraph` of the last graph a layer saw, reused while its content is equal."""
 
-    def __init__(self) -> None:
+    def __init__(self, self_loops: bool = False) -> None:
+        self.self_loops = bool(self_loops)  # the default of get(..., self_loops=)
         self._key: Any = None
         self._value: EdgeGraph | None = None
 
     def clear(self) -> None:
         self._key, self._value = None, None
 
-    def get(self, graph: Any, sizes: tuple[int | None, int | None], *, flow: str = "source_to_target",
-            self_loops: bool = False, op: str = "message passing") -> EdgeGraph:
+    def get(self, graph: Any, sizes: "int | tuple[int | None, int | None]", *, flow: str = "source_to_target",
+            self_loops: bool | None = None, op: str = "message passing") -> EdgeGraph:
         """The structure of ``graph`` (an ``edge_index``, a sparse adjacency whose rows are
-        destinations, or a Pattern) for ``sizes`` = node counts of (``edge_index`` row 0, row 1)."""
+        destinations, or a Pattern) for ``sizes`` = node counts of (``edge_index`` row 0, row 1)
+        (an int N: (N, N))."""
+        if isinstance(sizes, (int, np.integer)):
+            sizes = (int(sizes), int(sizes))
+        if self_loops is None:
+            self_loops = self.self_loops
         if flow not in FLOWS:
             raise ValueError(f"{op}: flow must be one of {FLOWS}, got {flow!r}")
         key = fingerprint(graph)
@@ -217,5 +222,5 @@ class GraphCache:
         if num_dst != num_src:
             raise ShapeError(f"{op}: self loops need as many source as destination nodes, got "
                              f"{num_src} and {num_dst}")
-        d, s, kept = _without_self_loops_plus_loops(dst, src, num_dst)
-        return EdgeGraph(d, s, num_dst, num_src, n_given, kept=kept)
+        looped = self_loop_edge_index(np.stack([dst, src]), num_dst)
+        return EdgeGraph(looped[0], looped[1], num_dst, num_src, n_given, kept=np.flatnonzero(dst != src))

@@ -53,17 +53,10 @@ from polygrad.pattern import Pattern
 from polygrad.sparse import is_sparse
 from polygrad.tensor import Tensor, spmm, tensor
 
-from .graph_cache import FLOWS, EdgeGraph, GraphCache
+from .graph_cache import FLOWS, EdgeGraph, GraphCache, self_loop_edge_index
 from .module import Module
 
 __all__ = ["MessagePassing", "GraphCache", "EdgeGraph", "self_loop_edge_index"]
-
-
-def self_loop_edge_index(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
-    """``edge_index`` without its self loops, plus one self loop per node (PyG's GAT convention)."""
-    keep = edge_index[0] != edge_index[1]
-    loops = np.arange(num_nodes, dtype=np.int64)
-    return np.concatenate([edge_index[:, keep], np.stack([loops, loops])], axis=1)
 
 
 def _rows(value: Any) -> int | None:

@@ -10,6 +10,7 @@ import pytest
 
 import polygrad as pg
 from polygrad import nn
+from polygrad.data import load_planetoid
 
 torch = pytest.importorskip("torch", reason="PyTorch is the baseline's runtime; not a polygrad dependency")
 tg = pytest.importorskip("torch_geometric", reason="PyG is the baseline these layers are checked against")
@@ -35,7 +36,7 @@ def _cora() -> tuple[np.ndarray, int]:
     root = planetoid_dir()
     if root is None:
         pytest.skip("Planetoid data not found (set POLYGRAD_PLANETOID_DIR or place ../shared/data/planetoid)")
-    ds = pg.data.load_planetoid(root, "cora")
+    ds = load_planetoid(root, "cora")
     return np.asarray(ds.edge_index), ds.num_nodes
 
 
@@ -229,6 +230,22 @@ def test_bipartite_sage_matches_pyg():
     ref = gnn.SAGEConv(F_IN, 4, aggr="mean").double()
     conv = nn.SAGEConv(F_IN, 4, dtype=pg.float64)
     pairs = _lin(conv.lin_l, ref.lin_l) + _lin(conv.lin_r, ref.lin_r)
+    ps, pd = (pg.tensor(a, dtype=pg.float64, requires_grad=True) for a in (xs, xd))
+    ts, td = _t(xs), _t(xd)
+    _compare(conv((ps, pd), ei), ref((ts, td), torch.tensor(ei)), [ps, pd], [ts, td], pairs)
+
+
+def test_bipartite_gin_matches_pyg():
+    ei, _ = _random_multigraph()
+    ei = ei[:, ei[1] < 25]
+    rng = np.random.default_rng(4)
+    xs, xd = rng.normal(size=(40, F_IN)), rng.normal(size=(25, F_IN))
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(F_IN, 4)).double()
+    ref = gnn.GINConv(mlp, eps=0.25, train_eps=True).double()
+    ours = nn.Sequential(nn.Linear(F_IN, 4, dtype=pg.float64))
+    conv = nn.GINConv(ours, train_eps=True, dtype=pg.float64)
+    pairs = _lin(ours.layers[0], mlp[0]) + [_param(conv.eps, ref.eps)]
     ps, pd = (pg.tensor(a, dtype=pg.float64, requires_grad=True) for a in (xs, xd))
     ts, td = _t(xs), _t(xd)
     _compare(conv((ps, pd), ei), ref((ts, td), torch.tensor(ei)), [ps, pd], [ts, td], pairs)
