@@ -58,8 +58,12 @@ def fingerprint(graph: Any) -> tuple:
 
 
 def owned(key: tuple) -> tuple:
-    """A key whose arrays are copies: the user's later in-place edits cannot reach it."""
-    return tuple(np.array(x) if isinstance(x, np.ndarray) else x for x in key)
+    """A key whose arrays are read-only copies: the user's later in-place edits cannot reach it."""
+    def copy(a: np.ndarray) -> np.ndarray:
+        a = np.array(a)
+        a.flags.writeable = False
+        return a
+    return tuple(copy(x) if isinstance(x, np.ndarray) else x for x in key)
 
 
 def same_fingerprint(a: tuple, b: tuple) -> bool:
@@ -189,8 +193,11 @@ class GraphCache:
         params = (sizes, flow, bool(self_loops))
         if self._value is not None and self._key[1] == params and same_fingerprint(self._key[0], key):
             return self._value
-        value = self._build(op, graph, sizes, flow, self_loops)
-        self._key, self._value = (owned(key), params), value
+        key = owned(key)
+        # built from our copy, never the caller's array: index arrays saved for a backward pass
+        # must not change when the caller edits the array between forward and backward
+        value = self._build(op, key[1] if key[0] == "edge_index" else graph, sizes, flow, self_loops)
+        self._key, self._value = (key, params), value
         return value
 
     @staticmethod

@@ -308,3 +308,16 @@ def test_pyg_tutorial_layer_trains_on_cora_like_gcnconv(planetoid_root):
         acc = nn.accuracy(forward(False), ds.y, ds.test_mask)
     print(f"tutorial layer test accuracy {acc:.3f}")
     assert acc >= 0.79, acc
+
+
+@pytest.mark.parametrize("name", ["gat", "sage-max", "custom", "gcn"])
+def test_editing_edge_index_between_forward_and_backward_leaves_the_gradient(name):
+    x = pg.tensor(_x(), dtype=pg.float64, requires_grad=True)
+    ei = EDGES.copy()
+    _layers()[name](x, ei).sum().backward()
+    want = x.grad.numpy().copy()
+    x.grad = None
+    out = _layers()[name](x, ei)
+    ei[0, :] = 0                                          # after the forward, before the backward
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), want)
