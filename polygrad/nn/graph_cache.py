@@ -4,10 +4,11 @@ Every graph layer (``MessagePassing`` and all layers on it, ``GCNConv``) turns i
 argument into index arrays once and reuses them while the same graph comes back, which is
 what makes an epoch cheap.  The cache is keyed by what the graph *contains*, never by which
 object it is: a host copy of the ``edge_index`` (or of a sparse adjacency's pattern and values)
-is kept and compared with ``np.array_equal`` on every call -- O(E) and a small fraction of one
-layer's cost (measured in ``tests/unit/test_graph_cache.py``'s docstring) -- so editing the
-same array in place (``ei[0, :10] = 9``) or passing another graph rebuilds, instead of
-silently reusing the stale structure.
+is kept and compared with ``np.array_equal`` on every call -- O(E): 7-12 us on Cora's 10,556
+edges, against 0.7 ms and more for the cheapest layer's forward and backward there (GINConv,
+F=64; measured on a loaded 2-core machine) -- so editing the same array in place
+(``ei[0, :10] = 9``) or passing another graph rebuilds, instead of silently reusing the stale
+structure.
 
 An ``edge_index`` is a multigraph, as in PyG: a repeated edge is a second edge (it sends a
 second message, counts twice in a mean, and its weight adds to the first).  :class:`EdgeGraph`
