@@ -321,3 +321,30 @@ def test_editing_edge_index_between_forward_and_backward_leaves_the_gradient(nam
     ei[0, :] = 0                                          # after the forward, before the backward
     out.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), want)
+
+
+def test_edge_arguments_of_the_wrong_shape_are_named():
+    x = pg.tensor(_x(), dtype=pg.float64)
+    with pytest.raises(pg.errors.ShapeError, match="edge_dim"):
+        nn.GATConv(3, 2, dtype=pg.float64)(x, EDGES, edge_attr=np.ones((EDGES.shape[1], 2)))
+    with pytest.raises(pg.errors.ShapeError, match=r"edge_attr of shape \(7, 3\) must be \[7, 2\]"):
+        nn.GATConv(3, 2, edge_dim=2, dtype=pg.float64)(x, EDGES, edge_attr=np.ones((7, 3)))
+    with pytest.raises(pg.errors.ShapeError, match=r"edge_weight of shape \(6,\) must be \[7\]"):
+        nn.GCNConv(3, 2, dtype=pg.float64)(x, EDGES, edge_weight=np.ones(6))
+    with pytest.raises(ValueError, match="fill_value"):
+        nn.GATConv(3, 2, edge_dim=2, fill_value="median")
+    with pytest.raises(pg.errors.ShapeError, match="edge_weight goes with an edge_index"):
+        nn.GCNConv(3, 2)(x, pg.from_edge_index(EDGES, N), edge_weight=np.ones(7))
+
+
+@pytest.mark.parametrize("fill", ["mean", "add", "max", 0.5])
+def test_gat_self_loop_edge_features_follow_fill_value(fill):
+    pg.manual_seed(0)
+    conv = nn.GATConv(3, 1, edge_dim=1, fill_value=fill, dtype=pg.float64)
+    ei = np.array([[0, 1, 2, 1], [1, 1, 1, 0]])           # node 1: in-edges from 0 and 2 (+ its loop)
+    attr = np.array([[1.0], [9.0], [3.0], [5.0]])        # the loop 1 -> 1 (9.0) is replaced
+    _, (edges, _) = conv(pg.tensor(_x(n=3)), ei, edge_attr=attr, return_attention_weights=True)
+    loop_attr = conv._loop_attr(pg.tensor(attr[[0, 2, 3]]), np.array([1, 1, 0]), 3).numpy()[:, 0]
+    want = {"mean": [5.0, 2.0, 0.0], "add": [5.0, 4.0, 0.0], "max": [5.0, 3.0, 0.0], 0.5: [0.5, 0.5, 0.5]}[fill]
+    np.testing.assert_array_equal(loop_attr, want)
+    np.testing.assert_array_equal(edges, [[0, 2, 1, 0, 1, 2], [1, 1, 0, 0, 1, 2]])
