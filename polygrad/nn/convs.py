@@ -80,17 +80,32 @@ class GATConv(MessagePassing):
         width = self.heads * self.out_channels if self.concat else self.out_channels
         self.bias = _init.zeros((width,), dtype, backend) if bias else None
 
-    def forward(self, x: Tensor, graph: Any, edge_attr: Any = None,
-                return_attention_weights: bool = False) -> Any:
-        _check_x(f"GATConv({self.in_channels} -> {self.heads}x{self.out_channels})", x, self.in_channels)
-        n, h, c = x.shape[0], self.heads, self.out_channels
-        g = self.edge_graph(graph, n)
-        feats = x @ self.weight                                    # [N, H*C]
-        per_head = feats.reshape(n, h, c)
-        a_src = (per_head * self.att_src).sum(-1).reshape(n * h)   # [N*H], node j*H+k
-        a_dst = (per_head * self.att_dst).sum(-1).reshape(n * h)
+    def forward(self, x: "Tensor | tuple[Tensor, Tensor | None]", graph: Any, edge_attr: Any = None,
+                return_attention_weights: bool = False, size: Any = None) -> Any:
+        """``x``: node features, or ``(x_src, x_dst)`` for a bipartite graph (PyG's convention:
+        one weight maps both; the output has a row per destination; self loops are added for
+        the first ``min(N_src, N_dst)`` nodes; ``x_dst=None`` drops the destination's score)."""
+        name = f"GATConv({self.in_channels} -> {self.heads}x{self.out_channels})"
+        pair: tuple[Any, Any] = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, x)
+        x_src, x_dst = pair
+        _check_x(name, x_src, self.in_channels)
+        if x_dst is not None and x_dst is not x_src:
+            _check_x(name, x_dst, self.in_channels)
+        h, c = self.heads, self.out_channels
+        ns = x_src.shape[0]
+        nd = x_dst.shape[0] if x_dst is not None else ns    # PyG: size_i defaults to size_j
+        rows = (ns, nd) if self.flow == "source_to_target" else (nd, ns)
+        if size is not None:
+            rows = tuple(self._sizes(size))  # type: ignore[assignment]
+        g = self.edge_graph(graph, rows)
+        feats = x_src @ self.weight                                # [N_src, H*C]
+        a_src = (feats.reshape(ns, h, c) * self.att_src).sum(-1).reshape(ns * h)   # node j*H+k
         copies, src_at, edge_at, from_copies = g.derived(("gat", h), lambda gr: _attention_index(gr, h))
-        scores = a_dst[copies.rows] + a_src[src_at]                # one per (edge copy, head)
+        scores = a_src[src_at]                                     # one per (edge copy, head)
+        if x_dst is not None:
+            feats_dst = feats if x_dst is x_src else x_dst @ self.weight
+            a_dst = (feats_dst.reshape(g.num_dst, h, c) * self.att_dst).sum(-1).reshape(g.num_dst * h)
+            scores = scores + a_dst[copies.rows]
         edge_term = self._edge_term(edge_attr, g)
         if edge_term is not None:
             scores = scores + edge_term.reshape(-1)[edge_at]
@@ -101,7 +116,8 @@ class GATConv(MessagePassing):
         # attention adds up into the entry (same message h_j), one segment sum
         entry_alpha = segment_sum(alpha, g.derived(("gat_entries", h), lambda gr: _entry_runs(gr, h))) \
             if g.duplicates else alpha
-        out = spmm(entry_alpha, feats.reshape(n * h, c), big)      # [N*H, C]
+        n = g.num_dst
+        out = spmm(entry_alpha, feats.reshape(ns * h, c), big)     # [N_dst*H, C]
         out = out.reshape(n, h * c) if self.concat else out.reshape(n, h, c).mean(1)
         if self.bias is not None:
             out = out + self.bias
@@ -124,7 +140,9 @@ class GATConv(MessagePassing):
                              "(one row per edge of edge_index, edge_dim features)")
         if g.kept is not None:  # PyG: remove_self_loops, then add_self_loops with fill_value
             e = e[g.kept]
-            e = concat([e, self._loop_attr(e, g.dst[:e.shape[0]], g.num_dst)], axis=0)
+            loops = g.num_edges - e.shape[0]
+            loop_attr = self._loop_attr(e, g.dst[:e.shape[0]], g.num_dst)
+            e = concat([e, loop_attr if loops == g.num_dst else loop_attr[:loops]], axis=0)
         h, c = self.heads, self.out_channels
         return (self.lin_edge(e).reshape(g.num_edges, h, c) * self.att_edge).sum(-1)
 

@@ -97,8 +97,9 @@ class EdgeGraph:
     ``dst`` / ``src`` [E]: each edge's destination (the ``_i`` side, whose rows receive) and
     source (the ``_j`` side), in edge order -- the given order, or, when the layer adds self
     loops, the kept non-loop edges (``kept``, positions in the given edges) followed by one loop
-    per node.  ``pattern``: the de-duplicated ``num_dst x num_src`` destination-major pattern;
-    ``slot[e]`` is edge ``e``'s entry in it; ``duplicates`` says whether any entry has several.
+    per node (of the first ``min(num_dst, num_src)``).  ``pattern``: the de-duplicated
+    ``num_dst x num_src`` destination-major pattern; ``slot[e]`` is edge ``e``'s entry in it;
+    ``duplicates`` says whether any entry has several.
     """
 
     def __init__(self, dst: np.ndarray, src: np.ndarray, num_dst: int, num_src: int,
@@ -227,8 +228,6 @@ class GraphCache:
             num_dst, num_src = full[i], full[j]
         if not self_loops:
             return EdgeGraph(dst, src, num_dst, num_src, n_given)
-        if num_dst != num_src:
-            raise ShapeError(f"{op}: self loops need as many source as destination nodes, got "
-                             f"{num_src} and {num_dst}")
-        looped = self_loop_edge_index(np.stack([dst, src]), num_dst)
+        # a bipartite graph gets loops on the nodes both sides have (PyG's GATConv: min(N, M))
+        looped = self_loop_edge_index(np.stack([dst, src]), min(num_dst, num_src))
         return EdgeGraph(looped[0], looped[1], num_dst, num_src, n_given, kept=np.flatnonzero(dst != src))

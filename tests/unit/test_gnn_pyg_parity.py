@@ -249,3 +249,25 @@ def test_bipartite_gin_matches_pyg():
     ps, pd = (pg.tensor(a, dtype=pg.float64, requires_grad=True) for a in (xs, xd))
     ts, td = _t(xs), _t(xd)
     _compare(conv((ps, pd), ei), ref((ts, td), torch.tensor(ei)), [ps, pd], [ts, td], pairs)
+
+
+@pytest.mark.parametrize("edge_dim", [None, 2])
+def test_bipartite_gat_matches_pyg(edge_dim):
+    ei, _ = _random_multigraph()
+    ei = ei[:, ei[1] < 25]                                 # 40 sources -> 25 destinations
+    rng = np.random.default_rng(5)
+    xs, xd, ea = rng.normal(size=(40, F_IN)), rng.normal(size=(25, F_IN)), rng.normal(size=(ei.shape[1], 2))
+    torch.manual_seed(0)
+    ref = gnn.GATConv(F_IN, 3, heads=2, edge_dim=edge_dim).double()
+    torch.nn.init.normal_(ref.bias)
+    conv = nn.GATConv(F_IN, 3, heads=2, edge_dim=edge_dim, dtype=pg.float64)
+    pairs = [_param(conv.weight, ref.lin.weight, transpose=True), _param(conv.att_src, ref.att_src),
+             _param(conv.att_dst, ref.att_dst), _param(conv.bias, ref.bias)]
+    if edge_dim:
+        pairs += [_param(conv.lin_edge.weight, ref.lin_edge.weight, transpose=True),
+                  _param(conv.att_edge, ref.att_edge)]
+    ps, pd, pe = (pg.tensor(a, dtype=pg.float64, requires_grad=True) for a in (xs, xd, ea))
+    ts, td, te = _t(xs), _t(xd), _t(ea)
+    out = conv((ps, pd), ei, edge_attr=pe if edge_dim else None)
+    want = ref((ts, td), torch.tensor(ei), te if edge_dim else None)
+    _compare(out, want, [ps, pd, pe] if edge_dim else [ps, pd], [ts, td, te] if edge_dim else [ts, td], pairs)
