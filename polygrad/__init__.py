@@ -25,6 +25,7 @@ from .registry import (
 )
 from .tensor import (
     Tensor, abs, arange, argmax, argmin, cat, clip, concat, cross_entropy, div, expand, flatten, full, index_add,
+    index_put, masked_fill, nonzero,
     log_softmax, logsumexp, manual_seed, matmul, max, maximum, mean, min, minimum, mse, mul, ones,
     ones_like, permute, pow, rand, randn, reshape, rng, sigmoid, softmax, squeeze, stack, sub, sum, tensor,
     transpose, unsqueeze, where, zeros, zeros_like, add,
@@ -52,7 +53,7 @@ __all__ = [
     "argmax", "argmin", "backward", "bool_", "from_numpy", "cat", "clip", "concat", "config", "cross_entropy",
     "default_float",
     "div", "enable_grad", "errors", "expand", "flatten", "float32", "float64", "full", "get_backend",
-    "from_dlpack", "grad", "hookimpl", "index_add", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
+    "from_dlpack", "grad", "hookimpl", "index_add", "index_put", "masked_fill", "nonzero", "int32", "int64", "is_grad_enabled", "list_backends", "list_ops",
     "log_softmax", "logsumexp", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum",
     "mse", "mul", "no_grad", "ones", "ones_like", "permute", "pow", "rand", "randn", "register_plugin",
     "reset_stats", "reshape", "set_backend", "sigmoid", "softmax", "squeeze", "stack", "stats", "sub",

@@ -339,6 +339,65 @@ class Tensor(TensorBase):
 
     def matmul(self, other): return matmul(self, other)
 
+    # -- PyTorch conveniences (PyG code uses them) ------------------------------------------------
+    def t(self) -> "Tensor":
+        """PyTorch's ``t()``: a 2-D tensor transposed; 0-D and 1-D ones as they are."""
+        if self.ndim > 2:
+            raise ShapeError(f"t() expects a tensor with <= 2 dimensions, but this one has shape {self.shape}; "
+                             "use transpose(dim0, dim1) or permute")
+        return self if self.ndim < 2 else transpose(self, 0, 1)
+
+    def nonzero(self, as_tuple: builtins.bool = False) -> Any:
+        """PyTorch's ``nonzero``: the indices of the nonzero entries in row-major order, an int64
+        ``[n, ndim]`` tensor, or with ``as_tuple=True`` one 1-D index tensor per dimension (a
+        0-d tensor counts as one dimension there, as PyTorch).  Not differentiable."""
+        return nonzero(self, as_tuple)
+
+    def new_zeros(self, *size, dtype=None, requires_grad: builtins.bool = False) -> "Tensor":
+        """Zeros of ``size`` with this tensor's dtype (unless ``dtype``) and backend (PyTorch's name)."""
+        return self._new_filled("new_zeros", size, 0, dtype, requires_grad)
+
+    def new_ones(self, *size, dtype=None, requires_grad: builtins.bool = False) -> "Tensor":
+        """Ones of ``size`` with this tensor's dtype (unless ``dtype``) and backend (PyTorch's name)."""
+        return self._new_filled("new_ones", size, 1, dtype, requires_grad)
+
+    def new_full(self, size, fill_value, dtype=None, requires_grad: builtins.bool = False) -> "Tensor":
+        """``fill_value`` everywhere, with this tensor's dtype (unless ``dtype``) and backend."""
+        return self._new_filled("new_full", (size,), fill_value, dtype, requires_grad)
+
+    def new_empty(self, *size, dtype=None, requires_grad: builtins.bool = False) -> "Tensor":
+        """PyTorch's ``new_empty``; polygrad hands out no uninitialised memory, so these are zeros."""
+        return self._new_filled("new_empty", size, 0, dtype, requires_grad)
+
+    def _new_filled(self, what: str, size: tuple, value: Any, dtype: Any, requires_grad: builtins.bool) -> "Tensor":
+        shape = _shape_arg(size, f"Tensor.{what}")
+        return _filled(shape, value, as_dtype(dtype) if dtype is not None else self.dtype, requires_grad, self._be)
+
+    def masked_fill(self, mask, value) -> "Tensor":
+        """PyTorch's ``masked_fill``, out of place: ``value`` where ``mask``, else this tensor."""
+        return masked_fill(self, mask, value)
+
+    def index_put(self, indices, values, accumulate: builtins.bool = False) -> "Tensor":
+        """PyTorch's ``index_put``, out of place: this tensor with ``self[indices] = values``
+        (``accumulate=True``: ``+=``, repeated positions adding up)."""
+        return index_put(self, indices, values, accumulate)
+
+    def __setitem__(self, index, value) -> None:
+        raise GraphError(f"tensor[...] = ... : polygrad tensors are not written in place (the recorded graph and "
+                         f"compiled steps read them as they were); write x = x.masked_fill(mask, value), "
+                         f"x = pg.where(mask, value, x) or x = x.index_put(indices, values) (tensor of shape "
+                         f"{self.shape}, index {index!r:.60})")
+
+    def __format__(self, spec: str) -> str:
+        """PyTorch's ``__format__``: a 0-d tensor formats as its number (``f"{loss:.4f}"``); any
+        other tensor takes only an empty spec (its repr), as PyTorch."""
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        if spec:
+            raise DTypeError(f"unsupported format string {spec!r} passed to Tensor.__format__ for a tensor of "
+                             f"shape {self.shape} (only a 0-d tensor formats as a number: use t.item() or t.sum())")
+        return str(self)
+
     def __repr__(self) -> str:
         body = np.array2string(self.numpy(), separator=", ", prefix="tensor(", threshold=50)
         extra = f", dtype={self.dtype}, backend={self.backend!r}"
@@ -1015,6 +1074,66 @@ def index_add(src: Tensor, index: Any, shape: Sequence[int]) -> Tensor:
     """zeros(shape) with ``src`` added at ``index`` (repeated positions accumulate)."""
     shape = _shape_arg(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,), "index_add")
     return apply(Op.INDEX_ADD, (src,), {"index": _normalize_index(index, shape), "shape": shape})
+
+
+def nonzero(x: Tensor, as_tuple: bool = False) -> Any:
+    """PyTorch's ``torch.nonzero`` (see :meth:`Tensor.nonzero`); reads the values on the host."""
+    if is_sparse(x):
+        raise ShapeError("nonzero of a sparse tensor: its stored positions are x.pattern (rows, cols)")
+    dispatch.note_host_read(x)  # a pg.compile capture guards what the indices came from
+    host = x.numpy()
+    if as_tuple:
+        parts = np.nonzero(host.reshape(1) if host.ndim == 0 else host)
+        return tuple(tensor_from_numpy(p.astype(np.int64), x._be) for p in parts)
+    return tensor_from_numpy(np.argwhere(host).astype(np.int64), x._be)
+
+
+def masked_fill(x: Tensor, mask: Any, value: Any) -> Tensor:
+    """PyTorch's ``masked_fill``, out of place and differentiable: ``value`` (a number or a 0-d
+    tensor) where the bool ``mask`` (broadcast to ``x``) is set, ``x`` elsewhere; ``x``'s dtype."""
+    m = mask if isinstance(mask, Tensor) else tensor(np.asarray(mask), backend=x._be)
+    if m.dtype != bool_:
+        raise DTypeError(f"masked_fill: the mask must be a bool tensor, got {m.dtype} (tensor of shape {x.shape})")
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
+    out = where(m, value, x)
+    if out.shape != x.shape:
+        raise ShapeError(f"masked_fill: mask of shape {m.shape} does not broadcast to the tensor's {x.shape}")
+    return out if out.dtype == x.dtype else out.cast(x.dtype)
+
+
+def index_put(x: Tensor, indices: Any, values: Any, accumulate: bool = False) -> Tensor:
+    """PyTorch's ``index_put``, out of place and differentiable in ``x`` and ``values``.
+
+    ``indices``: a tuple (or list) of index tensors / arrays, one per leading dimension (bool
+    masks allowed), or one mask; ``values`` broadcast to ``x[indices]``.  ``accumulate=True``
+    adds (repeated positions add up, as PyTorch); otherwise the positions are overwritten, and a
+    position named twice is an error (PyTorch leaves the result undefined).
+    """
+    index = tuple(indices) if isinstance(indices, list) else indices
+    norm = _normalize_index(index, x.shape)
+    selected = np.zeros(x.shape, dtype=np.int64)
+    np.add.at(selected, norm, 1)  # how often each position is named
+    shape = np.zeros(x.shape, dtype=bool)[norm].shape
+    v = values if isinstance(values, Tensor) else _as_operand(values, x)
+    v = v if v.dtype == x.dtype else v.cast(x.dtype)
+    if v.shape != shape:
+        try:
+            target = np.broadcast_shapes(v.shape, shape)
+        except ValueError:
+            target = None
+        if target != shape:
+            raise ShapeError(f"index_put: values of shape {v.shape} do not broadcast to x[indices] of shape {shape} "
+                             f"(tensor of shape {x.shape})")
+        v = expand(v.reshape((1,) * (len(shape) - v.ndim) + v.shape), shape)
+    placed = index_add(v, norm, x.shape)
+    if accumulate:
+        return x + placed
+    if (selected > 1).any():
+        where_twice = tuple(int(i) for i in np.argwhere(selected > 1)[0])
+        raise ShapeError(f"index_put: position {where_twice} of a tensor of shape {x.shape} is named more than once "
+                         "(the result would depend on the order); pass accumulate=True to add")
+    return where(tensor_from_numpy(selected > 0, x._be), placed, x)
 
 
 def _tensor_list(what: str, tensors: Any) -> list:

@@ -8,7 +8,14 @@
   for benchmarks.
 * :class:`Batch` / :func:`collate` — small graphs merged block-diagonally with a ``batch`` vector;
   :func:`random_graph_families` — a generated graph-classification dataset;
-  :class:`NeighborSampler` — seeded, vectorised GraphSAGE fan-out sampling of sub-graphs.
+  :class:`NeighborSampler` — seeded, vectorised GraphSAGE fan-out sampling of sub-graphs;
+  :class:`DataLoader` — batches of graphs reshuffled every epoch.
+* PyG-shaped: :class:`Data` / :class:`HeteroData`; :mod:`.utils` (``to_undirected``, ``degree``,
+  ``add_self_loops``, ``subgraph``, ``k_hop_subgraph`` ... with PyG's outputs); :mod:`.transforms`
+  (``Compose``, ``NormalizeFeatures``, ``ToUndirected``, ``RandomNodeSplit``, ``RandomLinkSplit``);
+  :func:`negative_sampling`, :class:`LinkNeighborLoader`.
+* :func:`load_tudataset` (TUDataset folders) and :func:`load_ogb_node` (OGB node-property
+  folders), read from local files as PyG / OGB do, with ``download=True`` when online.
 * helpers: :class:`CSRMatrix` (features), :class:`GraphDataset`, :func:`row_normalize`,
   :func:`normalized_adjacency`, :func:`standardize`, :func:`train_test_split`, ...
 
@@ -43,8 +50,13 @@ from .preprocess import (
     train_test_split,
 )
 from .synthetic import random_graph, stochastic_block_model
-from .batch import Batch, Graph, collate, iterate_batches, random_graph_families
+from .data import Data, HeteroData
+from .batch import Batch, DataLoader, Graph, collate, iterate_batches, random_graph_families
 from .sampler import NeighborSampler, SampledGraph
+from .link import LinkNeighborLoader, negative_sampling
+from .tudataset import download_tudataset, load_tudataset
+from .ogb import download_ogb_node, load_ogb_node
+from . import transforms, utils
 
 __all__ = [
     # toy data
@@ -76,4 +88,8 @@ __all__ = [
     # many graphs, big graphs
     "Graph", "Batch", "collate", "iterate_batches", "random_graph_families",
     "NeighborSampler", "SampledGraph",
+    # PyG-shaped containers, loaders, link prediction (utils: PyG's edge_index helpers; transforms)
+    "Data", "HeteroData", "DataLoader", "LinkNeighborLoader", "negative_sampling", "transforms", "utils",
+    # dataset folders: TUDataset (graph classification), OGB node property prediction
+    "load_tudataset", "download_tudataset", "load_ogb_node", "download_ogb_node",
 ]

@@ -14,9 +14,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import DataError
+from .data import Data
 from .preprocess import as_generator
 
-__all__ = ["Graph", "Batch", "collate", "iterate_batches", "random_graph_families"]
+__all__ = ["Graph", "Batch", "DataLoader", "collate", "iterate_batches", "random_graph_families"]
 
 
 @dataclass
@@ -74,20 +75,54 @@ class Batch:
         graphs = list(graphs)
         if not graphs:
             raise DataError("Batch.from_graphs: needs at least one graph")
+        graphs = [_as_graph(g, k) for k, g in enumerate(graphs)]
         width = graphs[0].x.shape[1]
         for k, g in enumerate(graphs):
-            if not isinstance(g, Graph):
-                raise DataError(f"Batch.from_graphs: item {k} is a {type(g).__name__}, not a Graph")
             if g.x.shape[1] != width:
                 raise DataError(f"Batch.from_graphs: graph {k} has {g.x.shape[1]} features, graph 0 has {width}")
         sizes = np.array([g.num_nodes for g in graphs], dtype=np.int64)
         ptr = np.zeros(len(graphs) + 1, dtype=np.int64)
         np.cumsum(sizes, out=ptr[1:])
         edges = np.concatenate([g.edge_index + ptr[k] for k, g in enumerate(graphs)], axis=1)
-        labels = [g.y for g in graphs]
-        y = None if any(v is None for v in labels) else np.asarray(labels)
+        y = _collate_labels([g.y for g in graphs])
         return cls(x=np.concatenate([g.x for g in graphs], axis=0), edge_index=edges,
                    batch=np.repeat(np.arange(len(graphs), dtype=np.int64), sizes), ptr=ptr, y=y)
+
+
+def _as_graph(g: Any, k: int) -> Graph:
+    if isinstance(g, Graph):
+        return g
+    if isinstance(g, Data):
+        if g.x is None or g.edge_index is None:
+            raise DataError(f"Batch.from_graphs: Data item {k} needs x and edge_index")
+        return Graph(x=g.x, edge_index=g.edge_index, y=g.y)
+    raise DataError(f"Batch.from_graphs: item {k} is a {type(g).__name__}, not a Graph or Data")
+
+
+def _collate_labels(labels: list[Any]) -> Any:
+    """Graph labels stacked (one scalar per graph), or per-node / per-graph arrays concatenated
+    along their first axis, as PyG's ``Batch`` does for ``y``; a mix is refused by name."""
+    missing = [k for k, v in enumerate(labels) if v is None]
+    if len(missing) == len(labels):
+        return None
+    if missing:
+        raise DataError(f"Batch.from_graphs: graph {missing[0]} has no y while graph "
+                        f"{next(k for k, v in enumerate(labels) if v is not None)} has one")
+    arrays = [np.asarray(v) for v in labels]
+    ndims = {a.ndim for a in arrays}
+    if ndims == {0}:
+        return np.stack(arrays)
+    if 0 in ndims:
+        k0 = next(k for k, a in enumerate(arrays) if a.ndim == 0)
+        k1 = next(k for k, a in enumerate(arrays) if a.ndim > 0)
+        raise DataError(f"Batch.from_graphs: graph {k0} has a scalar y but graph {k1} a y of shape "
+                        f"{arrays[k1].shape}: use one kind of label for every graph")
+    tail = arrays[0].shape[1:]
+    for k, a in enumerate(arrays):
+        if a.shape[1:] != tail:
+            raise DataError(f"Batch.from_graphs: y of graph {k} has shape {a.shape}, graph 0's {arrays[0].shape}: "
+                            f"only the first axis may differ")
+    return np.concatenate(arrays, axis=0)
 
 
 def collate(graphs: Sequence[Graph]) -> Batch:
@@ -97,7 +132,11 @@ def collate(graphs: Sequence[Graph]) -> Batch:
 
 def iterate_batches(graphs: Sequence[Graph], batch_size: int, shuffle: bool = False,
                     seed: Any = None) -> Iterator[Batch]:
-    """Batches of ``batch_size`` graphs (the last may be smaller); shuffled reproducibly by ``seed``."""
+    """One pass of batches of ``batch_size`` graphs (the last may be smaller), shuffled reproducibly
+    by ``seed``.  An int seed gives the same order on every call; for a new order every epoch
+    (PyG's loader with a seeded generator) pass one ``numpy.random.Generator`` made once
+    (``rng = np.random.default_rng(0)``, then ``seed=rng`` each epoch: it advances), or use
+    :class:`DataLoader`, which does that itself."""
     if batch_size < 1:
         raise DataError(f"iterate_batches: batch_size must be >= 1, got {batch_size}")
     order = np.arange(len(graphs))
@@ -105,6 +144,31 @@ def iterate_batches(graphs: Sequence[Graph], batch_size: int, shuffle: bool = Fa
         order = as_generator(seed, "iterate_batches: seed").permutation(order)
     for start in range(0, len(order), batch_size):
         yield collate([graphs[i] for i in order[start:start + batch_size]])
+
+
+class DataLoader:
+    """Batches of graphs, reshuffled on every pass (PyG's ``torch_geometric.loader.DataLoader``).
+
+    ``shuffle=True`` draws a new order for each ``for batch in loader`` from one generator seeded
+    by ``seed``: different every epoch, the same sequence of orders for the same seed (PyG with a
+    seeded ``generator``).  :func:`iterate_batches` is one pass with a fixed order.
+    """
+
+    def __init__(self, graphs: Sequence[Any], batch_size: int = 1, shuffle: bool = False, seed: Any = None):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise DataError(f"DataLoader: batch_size must be a positive integer, got {batch_size!r}")
+        self.graphs = list(graphs)
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.rng = as_generator(seed, "DataLoader: seed")
+
+    def __len__(self) -> int:
+        return -(-len(self.graphs) // self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        order = self.rng.permutation(len(self.graphs)) if self.shuffle else np.arange(len(self.graphs))
+        for start in range(0, len(order), self.batch_size):
+            yield collate([self.graphs[i] for i in order[start:start + self.batch_size]])
 
 
 def _undirected(src: np.ndarray, dst: np.ndarray) -> np.ndarray:

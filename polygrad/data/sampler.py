@@ -21,7 +21,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import DataError
-from .preprocess import as_generator
+from .data import Data
+from .preprocess import CSRMatrix, as_generator
 
 __all__ = ["NeighborSampler", "SampledGraph"]
 
@@ -34,10 +35,18 @@ class SampledGraph:
     n_id: np.ndarray
     edge_index: np.ndarray
     batch_size: int
+    x: Any = None  # feature rows of n_id, when the sampler was given x (PyG's NeighborLoader batch.x)
+    y: Any = None  # labels of n_id, when the sampler was given y
 
     @property
     def num_nodes(self) -> int:
         return int(self.n_id.shape[0])
+
+    def to_data(self) -> Data:
+        """The batch as a :class:`~polygrad.data.Data` (``x``, ``y``, ``edge_index``, ``n_id``,
+        ``batch_size``), as PyG's ``NeighborLoader`` yields."""
+        return Data(x=self.x, edge_index=self.edge_index, y=self.y, n_id=self.n_id, batch_size=self.batch_size,
+                    num_nodes=self.num_nodes)
 
 
 class NeighborSampler:
@@ -46,22 +55,28 @@ class NeighborSampler:
     ``edge_index``: PyG ``[2, E]`` (messages flow row 0 -> row 1; a destination samples among its
     sources).  ``fanouts``: one count per layer, first hop first; ``-1`` takes every neighbour.
     ``input_nodes``: the seed pool (bool mask or ids; default all nodes).  ``shuffle`` reorders
-    the seeds each epoch from the seeded generator.
+    the seeds each epoch from the seeded generator (a new order every epoch, the same sequence
+    of orders for the same seed).  ``x`` / ``y``: node features (numpy or :class:`CSRMatrix`) and
+    labels; when given, each batch carries the rows of its nodes (``batch.x``, ``batch.y``), as
+    PyG's ``NeighborLoader``.  :meth:`from_data` builds one from a :class:`Data`.
     """
 
     def __init__(self, edge_index: Any, num_nodes: int, fanouts: Sequence[int], batch_size: int = 512,
-                 input_nodes: Any = None, shuffle: bool = True, seed: Any = 0):
+                 input_nodes: Any = None, shuffle: bool = True, seed: Any = 0, *, x: Any = None, y: Any = None):
         ei = np.asarray(edge_index)
         if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
             raise DataError(f"NeighborSampler: edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
         self.num_nodes = int(num_nodes)
         if ei.size and (ei.min() < 0 or ei.max() >= self.num_nodes):
             raise DataError(f"NeighborSampler: edge_index refers to nodes outside [0, {self.num_nodes})")
-        self.fanouts = [int(f) for f in fanouts]
-        if not self.fanouts or any(f == 0 or f < -1 for f in self.fanouts):
-            raise DataError(f"NeighborSampler: fanouts must be positive counts (or -1 for all), got {list(fanouts)}")
-        if batch_size < 1:
-            raise DataError(f"NeighborSampler: batch_size must be >= 1, got {batch_size}")
+        counts: list[Any] = list(fanouts) if isinstance(fanouts, (list, tuple, np.ndarray)) else [fanouts]
+        if (not counts or any(isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer))
+                              for f in counts) or any(f == 0 or f < -1 for f in counts)):
+            raise DataError(f"NeighborSampler: fanouts must be positive integer counts (or -1 for all), "
+                            f"got {counts}")
+        self.fanouts = [int(f) for f in counts]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise DataError(f"NeighborSampler: batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.rng = as_generator(seed, "NeighborSampler: seed")
@@ -74,8 +89,9 @@ class NeighborSampler:
         if input_nodes is None:
             self.input_nodes = np.arange(self.num_nodes, dtype=np.int64)
         else:
-            nodes = np.asarray(input_nodes)
-            self.input_nodes = np.flatnonzero(nodes) if nodes.dtype == bool else nodes.astype(np.int64)
+            self.input_nodes = _input_nodes(input_nodes, self.num_nodes)
+        self.x = _node_rows(x, self.num_nodes, "x")
+        self.y = _node_rows(y, self.num_nodes, "y")
         self._seen = np.full(self.num_nodes, -1, dtype=np.int64)  # global -> local id scratch, reset per batch
 
     def __len__(self) -> int:
@@ -138,4 +154,49 @@ class NeighborSampler:
             edge_index = np.stack([np.concatenate(srcs), np.concatenate(dsts)])
         finally:
             seen[np.concatenate(n_id)] = -1                          # O(batch) reset, not O(N)
-        return SampledGraph(n_id=nodes, edge_index=edge_index, batch_size=int(seeds.shape[0]))
+        return SampledGraph(n_id=nodes, edge_index=edge_index, batch_size=int(seeds.shape[0]),
+                            x=None if self.x is None else _take(self.x, nodes),
+                            y=None if self.y is None else self.y[nodes])
+
+    @classmethod
+    def from_data(cls, data: Data, fanouts: Sequence[int], batch_size: int = 512, input_nodes: Any = None,
+                  shuffle: bool = True, seed: Any = 0) -> "NeighborSampler":
+        """PyG's ``NeighborLoader(data, num_neighbors=fanouts, batch_size=..., input_nodes=...)``."""
+        if not isinstance(data, Data) or data.edge_index is None:
+            raise DataError("NeighborSampler.from_data: needs a polygrad.data.Data with an edge_index")
+        return cls(data.edge_index, data.num_nodes or 0, fanouts, batch_size=batch_size, input_nodes=input_nodes,
+                   shuffle=shuffle, seed=seed, x=data.x, y=data.y)
+
+
+def _input_nodes(nodes: Any, num_nodes: int) -> np.ndarray:
+    """Seed ids from a bool mask or integer ids; float ids are refused, never truncated."""
+    arr = np.asarray(nodes)
+    if arr.ndim != 1:
+        raise DataError(f"NeighborSampler: input_nodes must be a 1-D bool mask or integer ids, got shape {arr.shape}")
+    if arr.dtype == bool:
+        if arr.shape[0] != num_nodes:
+            raise DataError(f"NeighborSampler: input_nodes mask has {arr.shape[0]} entries for {num_nodes} nodes")
+        return np.flatnonzero(arr)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise DataError(f"NeighborSampler: input_nodes must be a bool mask or integer node ids, got dtype "
+                        f"{arr.dtype} (float ids would be truncated)")
+    ids = arr.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
+        raise DataError(f"NeighborSampler: input_nodes outside [0, {num_nodes}): "
+                        f"range [{int(ids.min())}, {int(ids.max())}]")
+    if np.unique(ids).shape[0] != ids.shape[0]:
+        raise DataError("NeighborSampler: input_nodes holds repeated ids")
+    return ids
+
+
+def _node_rows(values: Any, num_nodes: int, name: str) -> Any:
+    if values is None:
+        return None
+    arr = values if isinstance(values, CSRMatrix) else np.asarray(values)
+    if arr.shape[0] != num_nodes:
+        raise DataError(f"NeighborSampler: {name} has {arr.shape[0]} rows for {num_nodes} nodes")
+    return arr
+
+
+def _take(values: Any, rows: np.ndarray) -> Any:
+    return values.take_rows(rows) if isinstance(values, CSRMatrix) else values[rows]

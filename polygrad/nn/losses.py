@@ -1,4 +1,5 @@
-"""Losses: cross-entropy over logits (with a node mask), mean squared error, max-margin (hinge), L2.
+"""Losses: cross-entropy over logits (with a node mask), ``nll_loss``, ``binary_cross_entropy_with_logits``,
+mean squared error, max-margin (hinge), L2; host-side metrics ``accuracy`` and ``roc_auc_score``.
 
 All are compositions of polygrad ops, so their gradients come from the gradient table.
 Shape mismatches that broadcasting would silently turn into a wrong answer (``[N, 1]`` against
@@ -11,10 +12,12 @@ from typing import Any, Iterable
 import numpy as np
 
 import polygrad as pg
-from polygrad.errors import ShapeError
-from polygrad.tensor import Tensor, mse, reduce_losses as _reduce  # mse: one definition, pg.mse
+from polygrad.activations import softplus
+from polygrad.errors import DTypeError, ShapeError
+from polygrad.tensor import Tensor, index_add, mse, reduce_losses as _reduce  # mse: one definition, pg.mse
 
-__all__ = ["cross_entropy", "mse", "max_margin", "hinge", "l2_penalty", "accuracy"]
+__all__ = ["cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "mse", "max_margin", "hinge",
+           "l2_penalty", "accuracy", "roc_auc_score"]
 
 
 def cross_entropy(logits: Tensor, target: Any, mask: Any = None, reduction: str = "mean") -> Tensor:
@@ -24,6 +27,106 @@ def cross_entropy(logits: Tensor, target: Any, mask: Any = None, reduction: str 
     nodes of a graph); the loss is averaged over those rows only.
     """
     return pg.cross_entropy(logits, target, mask=mask, reduction=reduction)
+
+
+def _host(value: Any) -> np.ndarray:
+    return value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Any, weight: Any = None, reduction: str = "mean",
+                                     pos_weight: Any = None) -> Tensor:  # noqa: A002 - PyTorch's name
+    """``-[p y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))]`` per element, times ``weight``
+    (PyTorch's ``binary_cross_entropy_with_logits``, ``p = pos_weight``, broadcast over the last
+    axis).  Evaluated as ``(1 - y) x + (1 + (p - 1) y) softplus(-x)``, which neither overflows
+    nor loses the small losses of confident predictions.  ``target`` may be a constant array or
+    a tensor (its gradient then flows too); shapes must match exactly.
+    """
+    if not isinstance(input, Tensor):
+        raise DTypeError("binary_cross_entropy_with_logits: input must be a polygrad tensor, "
+                         f"got {type(input).__name__}")
+    if input.dtype.kind != "f":
+        raise DTypeError(f"binary_cross_entropy_with_logits: input must be floating, got {input.dtype}")
+    y = target if isinstance(target, Tensor) else pg.tensor(np.asarray(target, dtype=input.dtype),
+                                                               backend=input.backend)
+    if tuple(y.shape) != tuple(input.shape):
+        raise ShapeError(f"binary_cross_entropy_with_logits: target of shape {tuple(y.shape)} must match input "
+                         f"of shape {tuple(input.shape)}")
+    soft = softplus(-input)
+    if pos_weight is None:
+        losses = input - input * y + soft
+    else:
+        p = pos_weight if isinstance(pos_weight, Tensor) else pg.tensor(np.asarray(pos_weight, dtype=input.dtype),
+                                                                        backend=input.backend)
+        losses = input - input * y + (y * (p - 1.0) + 1.0) * soft
+    if weight is not None:
+        losses = losses * (weight if isinstance(weight, Tensor)
+                           else pg.tensor(np.asarray(weight, dtype=input.dtype), backend=input.backend))
+    return _reduce(losses, reduction, "binary_cross_entropy_with_logits")
+
+
+def nll_loss(input: Tensor, target: Any, weight: Any = None, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:  # noqa: A002 - PyTorch's name
+    """Negative log-likelihood of log-probabilities ``input [N, C]`` at integer classes ``target [N]``
+    (PyTorch's ``nll_loss``): ``-w[t] input[i, t]`` per row; rows whose target is
+    ``ignore_index`` count for nothing; "mean" divides by the summed weights of the counted rows."""
+    if not isinstance(input, Tensor) or input.ndim != 2:
+        raise ShapeError("nll_loss: input must be a polygrad tensor [N, C], "
+                         f"got {getattr(input, 'shape', type(input))}")
+    idx = _host(target)
+    if idx.dtype.kind not in "iu":
+        raise DTypeError(f"nll_loss: targets must be integer classes, got {idx.dtype}")
+    idx = idx.astype(np.int64)
+    n, c = input.shape
+    if idx.shape != (n,):
+        raise ShapeError(f"nll_loss: targets of shape {idx.shape} must be [N] = ({n},) for input {input.shape}")
+    counted = idx != ignore_index
+    if counted.any() and (idx[counted].min() < 0 or idx[counted].max() >= c):
+        raise ShapeError(f"nll_loss: target class out of range [0, {c})")
+    w = np.ones(c) if weight is None else _host(weight).astype(np.float64)
+    if w.shape != (c,):
+        raise ShapeError(f"nll_loss: weight of shape {w.shape} must be [C] = ({c},)")
+    rows = np.flatnonzero(counted)
+    per_row = np.zeros(n)
+    per_row[rows] = w[idx[rows]]
+    picked = input[rows, idx[rows]]
+    scale = pg.tensor(per_row[rows].astype(input.dtype), backend=input.backend)
+    if reduction == "none":
+        if not rows.size:
+            return pg.zeros(n, dtype=input.dtype, backend=input.backend)
+        return index_add(-(picked * scale), (rows,), (n,))
+    total = -(picked * scale).sum()
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total * (1.0 / per_row.sum())  # PyTorch: nan when no row counts
+    raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def roc_auc_score(y_true: Any, y_score: Any) -> float:
+    """Area under the ROC curve of binary labels ``y_true`` against scores (host-side, like
+    ``sklearn.metrics.roc_auc_score``): the probability that a random positive scores above a
+    random negative, ties counting one half (sklearn's trapezoid over tied thresholds gives the
+    same).  Needs both classes present."""
+    y = _host(y_true).reshape(-1)
+    s = _host(y_score).reshape(-1).astype(np.float64)
+    if y.shape != s.shape:
+        raise ShapeError(f"roc_auc_score: {y.shape[0]} labels for {s.shape[0]} scores")
+    if np.isnan(s).any():
+        raise ValueError("roc_auc_score: scores contain NaN")
+    labels = np.unique(y)
+    if labels.shape[0] != 2:
+        raise ValueError(f"roc_auc_score: needs exactly two classes in y_true, got {labels.tolist()}")
+    pos = y == labels[1]
+    # mid-ranks: a tied group shares the mean of its ranks, so each positive-negative tie counts 1/2
+    order = np.argsort(s, kind="mergesort")
+    sorted_s = s[order]
+    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
+    ends = np.r_[starts[1:], s.shape[0]]
+    mid = (starts + ends + 1) / 2.0  # 1-based mean rank of each group
+    ranks = np.empty(s.shape[0])
+    ranks[order] = np.repeat(mid, ends - starts)
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def max_margin(scores: Tensor, target: Any, margin: float = 1.0, reduction: str = "mean") -> Tensor:
