@@ -41,7 +41,7 @@ def _polygrad_epoch(ds) -> Callable[[], float]:
 
     pg.manual_seed(0)
     x = nn.csr_to_tensor(row_normalize(ds.x, dtype=np.float32))
-    model = nn.GAT(ds.num_features, 8, ds.num_classes, heads=8, dropout=0.6)
+    model = nn.GAT(ds.num_features, 8 * 8, 2, ds.num_classes, dropout=0.6, heads=8)
     opt = optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
     y, mask, ei = ds.y, ds.train_mask, ds.edge_index
 

@@ -92,7 +92,7 @@ def _polygrad_epoch(ds, dense_features: bool = False, compiled: bool | str = Fal
     pg.manual_seed(0)
     feats = row_normalize(ds.x, dtype=np.float32)
     x = pg.tensor(feats.to_dense()) if dense_features else nn.csr_to_tensor(feats)
-    model = nn.GCN(ds.num_features, 16, ds.num_classes, dropout=0.5)
+    model = nn.GCN(ds.num_features, 16, 2, ds.num_classes, dropout=0.5)
     opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": 5e-4},
                       {"params": model.conv2.parameters(), "weight_decay": 0.0}], lr=0.01)
     y, mask, ei = ds.y, ds.train_mask, ds.edge_index
@@ -185,7 +185,7 @@ def _memory_epoch(ds, dense: bool) -> Callable[[], None]:
 
     pg.manual_seed(0)
     x = nn.csr_to_tensor(row_normalize(ds.x, dtype=np.float32))
-    model = nn.GCN(ds.num_features, 16, ds.num_classes, dropout=0.5)
+    model = nn.GCN(ds.num_features, 16, 2, ds.num_classes, dropout=0.5)
     opt = optim.Adam(model.parameters(), lr=0.01)
 
     def run() -> None:

@@ -47,7 +47,7 @@ def polygrad_epoch(graphs) -> Callable[[], float]:
     from polygrad.data import DataLoader
 
     pg.manual_seed(0)
-    model = nn.GIN(1, HIDDEN, 2, num_layers=LAYERS)
+    model = nn.GIN(1, HIDDEN, LAYERS, 2)
     opt = optim.Adam(model.parameters(), lr=0.005)
     loader = DataLoader(graphs, batch_size=BATCH_SIZE, shuffle=True, seed=0)
 

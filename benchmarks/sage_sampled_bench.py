@@ -76,7 +76,7 @@ def _model():
     from polygrad import nn, optim
 
     pg.manual_seed(0)
-    model = nn.GraphSAGE(64, 16, 4, dropout=0.0)
+    model = nn.GraphSAGE(64, 16, 2, 4, dropout=0.0)
     return model, optim.Adam(model.parameters(), lr=0.01)
 
 

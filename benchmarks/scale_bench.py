@@ -89,7 +89,7 @@ def _train_polygrad(edge_index, x, y, train, epochs: int) -> list[float]:
     import polygrad.optim  # noqa: F401
 
     pg.manual_seed(SEED)
-    model = pg.nn.GCN(x.shape[1], HIDDEN, CLASSES, dropout=0.5, input_dropout=False)
+    model = pg.nn.GCN(x.shape[1], HIDDEN, 2, CLASSES, dropout=0.5, input_dropout=False)
     opt = pg.optim.Adam(model.parameters(), lr=0.01)
     xt = pg.tensor(x)
     times = []

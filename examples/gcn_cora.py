@@ -26,7 +26,7 @@ x = nn.csr_to_tensor(row_normalize(data.x))   # sparse CSR features
 edge_index = data.edge_index                   # [2, E]; GCNConv normalises and caches it
 
 pg.manual_seed(0)
-model = nn.GCN(data.num_features, 16, data.num_classes, dropout=0.5)
+model = nn.GCN(data.num_features, 16, 2, data.num_classes, dropout=0.5)
 opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": 5e-4},
                   {"params": model.conv2.parameters()}], lr=0.01)
 

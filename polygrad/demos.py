@@ -266,7 +266,7 @@ def graph_tensors(ds: pdata.GraphDataset, backend: str | None = None) -> tuple[A
 def build_gcn(ds: pdata.GraphDataset, hidden: int = 16, dropout: float = 0.5, lr: float = 0.01,
               weight_decay: float = 5e-4) -> tuple[nn.GCN, optim.Adam]:
     """Kipf & Welling's model and optimizer (weight decay on the first layer only)."""
-    model = nn.GCN(ds.num_features, hidden, ds.num_classes, dropout=dropout)
+    model = nn.GCN(ds.num_features, hidden, 2, ds.num_classes, dropout=dropout)
     opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": weight_decay},
                       {"params": model.conv2.parameters(), "weight_decay": 0.0}], lr=lr)
     return model, opt

@@ -33,13 +33,13 @@ __all__ = ["run_gat", "run_sage", "run_gin", "run_link", "train_node_model", "tr
 def build_gat(ds: pdata.GraphDataset, hidden: int = 8, heads: int = 8, dropout: float = 0.6, lr: float = 0.005,
               weight_decay: float = 5e-4) -> tuple[nn.GAT, optim.Adam]:
     """PyG's examples/gat.py model and optimizer."""
-    model = nn.GAT(ds.num_features, hidden, ds.num_classes, heads=heads, dropout=dropout)
+    model = nn.GAT(ds.num_features, hidden * heads, 2, ds.num_classes, dropout=dropout, heads=heads)
     return model, optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
 def build_sage(ds: pdata.GraphDataset, hidden: int = 16, dropout: float = 0.5, lr: float = 0.01,
                weight_decay: float = 5e-4, aggr: str = "mean") -> tuple[nn.GraphSAGE, optim.Adam]:
-    model = nn.GraphSAGE(ds.num_features, hidden, ds.num_classes, aggr=aggr, dropout=dropout)
+    model = nn.GraphSAGE(ds.num_features, hidden, 2, ds.num_classes, dropout=dropout, aggr=aggr)
     return model, optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
@@ -231,7 +231,7 @@ def run_gin(backend: str | None = None, epochs: int = 50, seed: int = 0, runs: i
     with pg.use_backend(backend):
         for r in range(runs):
             pg.manual_seed(seed + r)
-            model = nn.GIN(in_channels, 32, num_classes, num_layers=3)
+            model = nn.GIN(in_channels, 32, 3, num_classes)
             opt = optim.Adam(model.parameters(), lr=0.005)
             curves: dict[str, list[float]] = {"loss": [], "train_acc": [], "val_acc": []}
             bar = Progress(epochs, "gin" + (f" seed {seed + r}" if runs > 1 else ""), enabled=progress, stream=stream)

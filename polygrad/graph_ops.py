@@ -25,6 +25,7 @@ import numpy as np
 from .errors import DTypeError, ShapeError, SparseIndexError
 from .pattern import Pattern
 from .sparse import SparseTensor, is_sparse
+from .sparse.graph import edge_index_array
 from .tensor import Tensor, _floating, index_add, segment_max, segment_sum, tensor, where
 from .tensor import sddmm as _sddmm_primitive
 
@@ -51,19 +52,13 @@ def graph_pattern(edge_index: Any, num_nodes: int, num_src_nodes: int | None = N
 
     ``edge order`` lists the input edges in the pattern's (row-major) order, so per-edge data
     given in ``edge_index`` order is ``data[order]`` in pattern order.  Repeated edges are kept
-    once (the first occurrence): a pattern has no duplicates.  ``num_src_nodes`` (default
+    once (the first occurrence): a pattern has no duplicates (the graph layers keep every copy:
+    :class:`polygrad.nn.graph_cache.EdgeGraph`).  ``num_src_nodes`` (default
     ``num_nodes``) sizes a bipartite graph (sampled blocks: sources ⊇ destinations).
     """
-    op = "graph_pattern"
-    ei = edge_index.numpy() if isinstance(edge_index, Tensor) else np.asarray(edge_index)
-    if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
-        raise SparseIndexError(f"{op}: edge_index must be an integer array of shape [2, E], got {ei.dtype} {ei.shape}")
-    ei = ei.astype(np.int64, copy=False)
     n_dst, n_src = int(num_nodes), int(num_nodes if num_src_nodes is None else num_src_nodes)
+    ei = edge_index_array("graph_pattern", edge_index, n_src, n_dst)
     src, dst = ei[0], ei[1]
-    if src.size and (src.min() < 0 or src.max() >= n_src or dst.min() < 0 or dst.max() >= n_dst):
-        raise SparseIndexError(f"{op}: edge_index refers to nodes outside [0, {n_src}) (sources) or "
-                               f"[0, {n_dst}) (destinations)")
     order = np.lexsort((src, dst))
     rows, cols = dst[order], src[order]
     if rows.size > 1:

@@ -6,7 +6,7 @@
     model = nn.MLP(2, [16, 16, 1])                  # micrograd's signature, on tensors
     loss = nn.max_margin(model(X), y) + 1e-4 * nn.l2_penalty(model.parameters())
 
-    gcn = nn.GCN(dataset.num_features, 16, dataset.num_classes)
+    gcn = nn.GCN(dataset.num_features, 16, 2, dataset.num_classes)
     logits = gcn(features, edge_index)              # edge_index [2, E] or a sparse adjacency
     loss = nn.cross_entropy(logits, labels, mask=train_mask)
 """

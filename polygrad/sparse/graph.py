@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import default_float
-from ..errors import ShapeError
-from ..tensor import segment_sum, tensor_from_numpy, where
+from ..errors import ShapeError, SparseIndexError
+from ..tensor import Tensor, segment_sum, tensor_from_numpy, where
 from .construct import _scatter
 from .sparse_tensor import SparseTensor, _as_sparse, _describe
 
@@ -71,3 +71,46 @@ def gcn_norm(a: Any, add_self_loops: bool = True, fill_value: float = 1.0) -> Sp
     # row ids expanded for this one gather, not cached on the pattern (nnz int64s kept for nothing)
     return SparseTensor._wrap(p, values * dinv[p.row_ids()] * dinv[p.cols])
 
+
+
+# =====================================================================================================
+# edge_index: the one validator every graph layer and graph helper uses
+# =====================================================================================================
+
+
+class EdgeIndexError(SparseIndexError, ShapeError):
+    """A malformed or out-of-range ``edge_index``: both a SparseIndexError (the sparse
+    constructors' error for bad indices) and a ShapeError (what graph layers raised before
+    they shared this validator), so either ``except`` catches it."""
+
+
+def edge_index_array(op: str, edge_index: Any, num_src: int | None = None,
+                     num_dst: int | None = None) -> np.ndarray:
+    """``edge_index`` (PyG's int ``[2, E]``: sources in row 0, destinations in row 1; a numpy
+    array, a list or a dense tensor) as an int64 host array, or a :class:`SparseIndexError`
+    (a ``ValueError``) naming ``op``, the dtype and shape, and the first out-of-range entry.
+
+    ``num_src`` / ``num_dst`` bound rows 0 / 1 when given.  The result may share memory with
+    the caller's array: a cache that keeps it must copy it.
+    """
+    if isinstance(edge_index, Tensor):
+        if isinstance(edge_index, SparseTensor):
+            raise EdgeIndexError(f"{op}: edge_index must be a dense integer [2, E] array, got a "
+                                   f"{edge_index.layout} tensor of shape {edge_index.shape}")
+        ei = np.asarray(edge_index._be.to_numpy(edge_index._data))
+    else:
+        ei = np.asarray(edge_index)
+    if ei.size == 0 and ei.ndim == 2 and ei.shape[0] == 2 and ei.dtype.kind == "f":
+        ei = ei.astype(np.int64)  # [[], []] arrives as float64
+    if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype.kind not in "iu":
+        raise EdgeIndexError(f"{op}: edge_index must be an integer array of shape [2, E], got "
+                               f"{ei.dtype} {ei.shape}")
+    ei = ei.astype(np.int64, copy=False)
+    for row, bound in ((0, num_src), (1, num_dst)):
+        if bound is not None and ei.shape[1]:
+            bad = np.flatnonzero((ei[row] < 0) | (ei[row] >= bound))
+            if bad.size:
+                k = int(bad[0])
+                raise EdgeIndexError(f"{op}: edge_index[{row}, {k}] = {ei[row, k]} is outside "
+                                       f"[0, {bound}), the nodes of that row ({bad.size} such entries)")
+    return ei

@@ -71,7 +71,7 @@ def _gcn(seed: int):
     ds = pdata.load_planetoid(root, "cora") if root is not None else load_graph()
     pg.manual_seed(seed)
     x = nn.csr_to_tensor(pdata.row_normalize(ds.x, dtype=np.float64))
-    model = nn.GCN(ds.num_features, 16, ds.num_classes, dropout=0.5, dtype=pg.float64)
+    model = nn.GCN(ds.num_features, 16, 2, ds.num_classes, dropout=0.5, dtype=pg.float64)
     opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": 5e-4},
                       {"params": model.conv2.parameters()}], lr=0.01)
 

@@ -433,7 +433,7 @@ def test_an_index_tensor_argument_is_not_frozen():
 
 def test_a_gcn_edge_index_tensor_argument_is_not_frozen():
     rng = np.random.default_rng(2)
-    model = nn.GCN(3, 4, 2, dropout=0.0, dtype=pg.float64)
+    model = nn.GCN(3, 4, 2, 2, dropout=0.0, dtype=pg.float64)
     x = pg.tensor(rng.normal(size=(30, 3)))
     y = rng.integers(0, 2, 30)
 

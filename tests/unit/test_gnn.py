@@ -11,7 +11,7 @@ import pytest
 import polygrad as pg
 from polygrad import data as pdata
 from polygrad import nn
-from polygrad.errors import DataError, ShapeError
+from polygrad.errors import DataError, ShapeError, SparseIndexError
 from polygrad.testing import assert_backends_agree, check_grads
 
 BACKENDS = ["numpy", "scalar"]
@@ -86,7 +86,7 @@ def test_custom_message_gradients(backend):
 def test_message_passing_reports_misuse():
     with pytest.raises(ValueError, match="aggr"):
         MeanConv.__mro__[1](aggr="median")
-    with pytest.raises(ShapeError, match=r"\[2, E\]"):
+    with pytest.raises(SparseIndexError, match=r"\[2, E\]"):
         MeanConv()(pg.tensor(_x()), np.zeros((3, 4), dtype=np.int64))
 
     class NeedsFoo(nn.MessagePassing):
@@ -131,9 +131,9 @@ def test_gatconv_matches_a_dense_per_head_reference(concat):
     want = _gat_reference(x, conv.weight.numpy(), conv.att_src.numpy(), conv.att_dst.numpy(),
                           conv.bias.numpy(), 3, concat)
     np.testing.assert_allclose(out, want, rtol=1e-10)
-    _, (pattern, alpha) = conv(pg.tensor(x), EDGES, return_attention_weights=True)
-    assert alpha.shape == (pattern.nnz, 3)
-    np.testing.assert_allclose(pg.scatter(alpha, pattern.rows, N).numpy(), 1.0, rtol=1e-12)
+    _, (edge_index, alpha) = conv(pg.tensor(x), EDGES, return_attention_weights=True)
+    assert edge_index.shape == (2, EDGES.shape[1] + N) and alpha.shape == (edge_index.shape[1], 3)
+    np.testing.assert_allclose(pg.scatter(alpha, edge_index[1], N).numpy(), 1.0, rtol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -174,7 +174,7 @@ def test_gatconv_rejects_bad_input():
         nn.GATConv(3, 2, heads=0)
     with pytest.raises(ShapeError, match=r"\[N, 3\]"):
         nn.GATConv(3, 2)(pg.tensor(_x(4)), EDGES)
-    with pytest.raises(ShapeError, match="outside"):
+    with pytest.raises(SparseIndexError, match="outside"):
         nn.GATConv(3, 2)(pg.tensor(_x()[:3]), EDGES)
 
 
@@ -327,7 +327,7 @@ def test_sampled_sage_on_a_subgraph_matches_the_full_graph_at_full_fanout():
     pg.manual_seed(8)
     ei = _ring(30, 4)
     x = np.random.default_rng(9).normal(size=(30, 3))
-    model = nn.GraphSAGE(3, 4, 2, dropout=0.0, dtype=pg.float64)
+    model = nn.GraphSAGE(3, 4, 2, 2, dropout=0.0, dtype=pg.float64)
     full = model(pg.tensor(x), ei).numpy()
     sub = pdata.NeighborSampler(ei, 30, [-1, -1], batch_size=5, seed=0).sample(np.array([3, 17]))
     part = model(pg.tensor(x[sub.n_id]), sub.edge_index).numpy()[:2]
@@ -351,11 +351,13 @@ def test_demos_run_and_print_the_gcn_json_fields(argv, capsys):
 
 def test_mean_aggregation_weights_are_made_once_per_graph_and_are_right():
     from polygrad.nn import message_passing as mp
-    from polygrad.pattern import Pattern
+    from polygrad.nn.graph_cache import EdgeGraph
 
-    p = Pattern.from_sorted((3, 3), np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 2, 0, 1, 2]))
-    first = mp._edge_weights(p, True, np.dtype(np.float64), "numpy")
-    assert mp._edge_weights(p, True, np.dtype(np.float64), "numpy") is first  # cached on the pattern
-    np.testing.assert_allclose(first.numpy(), [0.5, 0.5, 1.0, 1 / 3, 1 / 3, 1 / 3])
-    ones = mp._edge_weights(p, False, np.dtype(np.float32), "numpy")
-    assert ones is not first and ones.dtype == np.float32 and (ones.numpy() == 1).all()
+    # destinations 0, 0, 1, 2, 2, 2, 2 (the edge 1 -> 2 twice: a multigraph, as PyG reads it)
+    g = EdgeGraph(np.array([0, 0, 1, 2, 2, 2, 2]), np.array([0, 1, 2, 0, 1, 2, 1]), 3, 3, 7)
+    first = mp._constant(g, "weights", True, np.dtype(np.float64), "numpy")
+    assert mp._constant(g, "weights", True, np.dtype(np.float64), "numpy") is first  # made once per graph
+    np.testing.assert_allclose(first.numpy(), [0.5, 0.5, 1.0, 0.25, 0.5, 0.25])
+    ones = mp._constant(g, "weights", False, np.dtype(np.float32), "numpy")
+    assert ones is not first and ones.dtype == np.float32
+    np.testing.assert_array_equal(ones.numpy(), [1, 1, 1, 1, 2, 1])

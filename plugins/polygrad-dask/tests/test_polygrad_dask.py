@@ -214,7 +214,7 @@ def _cora_run(backend: str, epochs: int, dropout: float = 0.5, callback=None, mo
     with pg.use_backend(backend):
         if model is None:
             pg.manual_seed(0)
-            model = nn.GCN(ds.num_features, 16, ds.num_classes, dropout=dropout, dtype=np.float64)
+            model = nn.GCN(ds.num_features, 16, 2, ds.num_classes, dropout=dropout, dtype=np.float64)
             opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": 5e-4},
                               {"params": model.conv2.parameters(), "weight_decay": 0.0}], lr=0.01)
         x = nn.csr_to_tensor(pdata.row_normalize(ds.x, dtype=np.float64))
@@ -257,7 +257,7 @@ def test_killed_worker_mid_epoch_then_training_resumes(cluster_client):
     ds = pdata.load_planetoid(PLANETOID, "cora")
     with pg.use_backend("dask"):
         pg.manual_seed(0)
-        model = nn.GCN(ds.num_features, 16, ds.num_classes, dropout=0.0, dtype=np.float64)
+        model = nn.GCN(ds.num_features, 16, 2, ds.num_classes, dropout=0.0, dtype=np.float64)
         opt = optim.Adam([{"params": model.conv1.parameters(), "weight_decay": 5e-4},
                           {"params": model.conv2.parameters(), "weight_decay": 0.0}], lr=0.01)
     state["model"] = model
