@@ -51,11 +51,12 @@ class Backend:
     #: DLPack device types (``KDLCPU``, ``KDLCUDA``, ...) whose data :meth:`from_dlpack` imports
     #: without a copy; ``pg.from_dlpack`` puts data on such a device here by default
     dlpack_devices: tuple[int, ...] = ()
-    #: the dtypes (numpy names) this backend's arrays and kernels support.  A float32-only backend
-    #: is valid (``("float32", "int32", "bool")``): the contract probe and the conformance kit test
-    #: exactly what is declared, and ``pg.tensor`` refuses to put another dtype on it
-    #: (:class:`~polygrad.errors.DTypeError` naming the declared ones) instead of computing in it
-    dtypes: tuple[str, ...] = ("float64", "float32", "int64", "int32", "bool")
+    #: the dtypes (numpy names) this backend's arrays and kernels support; None (the default):
+    #: every dtype polygrad does.  A float32-only backend is valid (``("float32", "int32", "bool")``):
+    #: the contract probe and the conformance kit test exactly what is declared, and ``pg.tensor``
+    #: refuses to put another dtype on it (:class:`~polygrad.errors.DTypeError` naming the declared
+    #: ones) instead of computing in it
+    dtypes: tuple[str, ...] | None = None
     #: True when nothing ever writes into this backend's arrays (JAX arrays, task graphs): polygrad
     #: then shares them where it would otherwise copy through the host -- ``fit()``'s best-epoch
     #: snapshots, ``pg.tensor`` of one of its arrays.  ``lazy`` backends are treated as immutable too
@@ -162,6 +163,20 @@ _PROBES = (np.arange(6, dtype=np.float64).reshape(2, 3), np.array([3, -1, 7], dt
 _KNOWN_DTYPES = ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
+#: the dtypes a backend that declares none (``dtypes = None``) is checked at
+DEFAULT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
+
+
+def declared_dtypes(backend: "Backend") -> tuple[str, ...]:
+    """The dtypes ``backend`` declares, or :data:`DEFAULT_DTYPES` when it declares none."""
+    return DEFAULT_DTYPES if backend.dtypes is None else tuple(backend.dtypes)
+
+
+def supports_dtype(backend: "Backend", dtype: np.dtype) -> bool:
+    """Whether ``backend`` may hold arrays of ``dtype`` (every dtype when it declares none)."""
+    return backend.dtypes is None or dtype.name in backend.dtypes
+
+
 def shares_arrays(backend: "Backend") -> bool:
     """Whether ``backend``'s arrays are immutable values (``immutable`` or ``lazy``): sharing one
     is as good as copying it."""
@@ -170,7 +185,9 @@ def shares_arrays(backend: "Backend") -> bool:
 
 def dtype_problem(backend: "Backend") -> str:
     """"" when ``backend.dtypes`` is a valid declaration, else why not."""
-    declared = getattr(backend, "dtypes", ())
+    declared = getattr(backend, "dtypes", None)
+    if declared is None:
+        return ""
     if (not isinstance(declared, tuple) or not declared
             or any(not isinstance(d, str) or d not in _KNOWN_DTYPES for d in declared)):
         return (f"backend {backend.name!r}: dtypes must be a tuple of numpy dtype names among "
@@ -182,7 +199,7 @@ def dtype_problem(backend: "Backend") -> str:
 
 def _probes(backend: "Backend") -> list[np.ndarray]:
     """The probe arrays for the dtypes ``backend`` declares (the widest float and int it has)."""
-    declared = set(backend.dtypes)
+    declared = set(declared_dtypes(backend))
     floats = [d for d in ("float64", "float32", "float16") if d in declared]
     ints = [d for d in ("int64", "int32", "int16", "int8", "uint8") if d in declared]
     out = [_PROBES[0].astype(floats[0])]

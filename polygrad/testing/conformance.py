@@ -39,7 +39,7 @@ import numpy as np
 from .. import grad_rules, reference
 from ..autodiff import grad as pg_grad
 from ..autodiff import no_grad, unbroadcast
-from ..backend import Backend
+from ..backend import Backend, declared_dtypes
 from ..dispatch import apply, kernel_dtypes
 from ..errors import FallbackWarning, PolygradError
 from ..hookspecs import hookimpl
@@ -267,7 +267,7 @@ def check_integer(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES
     float32 tolerance.  Ops whose inference refuses integers are not applicable."""
     if case.accumulate or not any(a.dtype.kind == "f" for a in case.inputs):
         raise NotApplicable("no floating inputs to cast (or a long-row case)")
-    ints = [d for d in registry.get(backend).dtypes if np.dtype(d).kind in "iu"]
+    ints = [d for d in declared_dtypes(registry.get(backend)) if np.dtype(d).kind in "iu"]
     worst, ran = 0.0, False
     if not all(np.isfinite(a).all() for a in case.inputs if a.dtype.kind == "f"):
         raise NotApplicable("non-finite inputs have no integer form")
@@ -480,7 +480,7 @@ def for_declared_dtypes(backend: str, check: str, case: Case | BadCase,
     float64 check on a float32-only backend is not applicable (``forward``: the ``float32`` check
     covers it; ``grad-numeric``: central differences need float64) or runs in float32 with float32
     tolerances (``grad-scalar``, ``fused-vjp``)."""
-    declared = tuple(registry.get(backend).dtypes)
+    declared = declared_dtypes(registry.get(backend))
     inputs = list(case.inputs)
     for i, a in enumerate(inputs):
         if a.dtype.kind == "f" and a.dtype.name not in declared and isinstance(case, BadCase):
