@@ -23,7 +23,7 @@ class JaxBackend(pg.Backend):
     install_hint = "pip install jax"
     immutable = True
     dlpack_devices = (KDLCPU,)
-    dtypes = ("float64", "float32", "int64", "int32", "bool") if X64 else ("float32", "int32", "bool")
+    dtypes = None if X64 else ("float32", "int32", "bool")   # None: every dtype polygrad supports
 
     def __init__(self) -> None:
         super().__init__()
