@@ -51,6 +51,16 @@ class Backend:
     #: DLPack device types (``KDLCPU``, ``KDLCUDA``, ...) whose data :meth:`from_dlpack` imports
     #: without a copy; ``pg.from_dlpack`` puts data on such a device here by default
     dlpack_devices: tuple[int, ...] = ()
+    #: the dtypes (numpy names) this backend's arrays and kernels support; None (the default):
+    #: every dtype polygrad does.  A float32-only backend is valid (``("float32", "int32", "bool")``):
+    #: the contract probe and the conformance kit test exactly what is declared, and ``pg.tensor``
+    #: refuses to put another dtype on it (:class:`~polygrad.errors.DTypeError` naming the declared
+    #: ones) instead of computing in it
+    dtypes: tuple[str, ...] | None = None
+    #: True when nothing ever writes into this backend's arrays (JAX arrays, task graphs): polygrad
+    #: then shares them where it would otherwise copy through the host -- ``fit()``'s best-epoch
+    #: snapshots, ``pg.tensor`` of one of its arrays.  ``lazy`` backends are treated as immutable too
+    immutable: bool = False
 
     def __init__(self) -> None:
         # keyed by (op, layout); op is a polygrad.ops.Op (a str enum) or its name
@@ -150,6 +160,53 @@ class KernelOverride:
 # them once, when the backend is first checked, and reports the method and what it must return.
 _PROBES = (np.arange(6, dtype=np.float64).reshape(2, 3), np.array([3, -1, 7], dtype=np.int64),
            np.array(0.5, dtype=np.float32))
+_KNOWN_DTYPES = ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+#: the dtypes a backend that declares none (``dtypes = None``) is checked at
+DEFAULT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
+
+
+def declared_dtypes(backend: "Backend") -> tuple[str, ...]:
+    """The dtypes ``backend`` declares, or :data:`DEFAULT_DTYPES` when it declares none."""
+    return DEFAULT_DTYPES if backend.dtypes is None else tuple(backend.dtypes)
+
+
+def supports_dtype(backend: "Backend", dtype: np.dtype) -> bool:
+    """Whether ``backend`` may hold arrays of ``dtype`` (every dtype when it declares none)."""
+    return backend.dtypes is None or dtype.name in backend.dtypes
+
+
+def shares_arrays(backend: "Backend") -> bool:
+    """Whether ``backend``'s arrays are immutable values (``immutable`` or ``lazy``): sharing one
+    is as good as copying it."""
+    return bool(backend.immutable or backend.lazy)
+
+
+def dtype_problem(backend: "Backend") -> str:
+    """"" when ``backend.dtypes`` is a valid declaration, else why not."""
+    declared = getattr(backend, "dtypes", None)
+    if declared is None:
+        return ""
+    if (not isinstance(declared, tuple) or not declared
+            or any(not isinstance(d, str) or d not in _KNOWN_DTYPES for d in declared)):
+        return (f"backend {backend.name!r}: dtypes must be a tuple of numpy dtype names among "
+                f"{', '.join(_KNOWN_DTYPES)}, got {declared!r}")
+    if not any(np.dtype(d).kind == "f" for d in declared):
+        return f"backend {backend.name!r}: dtypes {declared!r} declares no float dtype (gradients need one)"
+    return ""
+
+
+def _probes(backend: "Backend") -> list[np.ndarray]:
+    """The probe arrays for the dtypes ``backend`` declares (the widest float and int it has)."""
+    declared = set(declared_dtypes(backend))
+    floats = [d for d in ("float64", "float32", "float16") if d in declared]
+    ints = [d for d in ("int64", "int32", "int16", "int8", "uint8") if d in declared]
+    out = [_PROBES[0].astype(floats[0])]
+    if ints:
+        out.append(np.array([3, 1, 7], dtype=ints[0]))
+    out.append(np.array(0.5, dtype=floats[-1]))
+    return out
 
 
 def _kind(x: Any) -> str:
@@ -158,9 +215,13 @@ def _kind(x: Any) -> str:
 
 def contract_problem(backend: Backend) -> str:
     """"" when ``backend``'s array methods keep the contract, else one line naming the first method
-    that breaks it and what it must return.  Runs ``from_numpy`` on three tiny arrays."""
+    that breaks it and what it must return.  Runs ``from_numpy`` on three tiny arrays of the
+    dtypes the backend declares (``Backend.dtypes``)."""
     name = f"backend {backend.name!r}"
-    for probe in _PROBES:
+    problem = dtype_problem(backend)
+    if problem:
+        return problem
+    for probe in _probes(backend):
         what = f"a {probe.dtype} array of shape {probe.shape}"
         try:
             array = backend.from_numpy(probe)

@@ -30,7 +30,7 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
-# --- registration hooks (called once, at load) -------------------------------------------------
+# --- registration hooks (called once, at load) and the step compiler ----------------------------
 
 @hookspec
 def polygrad_backends() -> list[Any]:
@@ -49,6 +49,26 @@ def polygrad_kernels() -> list[Any]:
     This is how a plugin speeds up some ops of a backend it does not own (e.g. scipy.sparse SpMM
     for the ``numpy`` backend).  For each ``(backend, op, layout)`` the kernel with the highest
     ``priority`` wins; the backend's own kernels have priority 0.
+    """
+    raise NotImplementedError  # a specification: pluggy calls the implementations
+
+
+@hookspec(firstresult=True)
+def polygrad_compile_kernels(program: Any, backend: Any) -> Any:
+    """Compile a captured step's kernels into one callable, or return None to decline.
+
+    Called once per capture of ``pg.compile(step, pure=True)`` whose kernels all run on
+    ``backend`` (a :class:`polygrad.Backend`), with ``program`` a
+    :class:`polygrad.compile.backend_compile.KernelProgram`: the step's ``Kernel``/``Fused`` entries in order,
+    the ``inputs`` slots they read, the ``outputs`` slots the rest of the step reads, each slot's
+    ``(backend, shape, dtype)``.  Return ``fn(*input_arrays) -> sequence of output arrays``
+    computing what calling those kernels in order does (JAX: one ``jax.jit``).  A plugin should
+    decline (None) for backends it does not own; the first non-None answer is used.
+
+    polygrad keeps the guards, runs the rest of the step (arguments, random draws, gradients,
+    optimizer calls, the result) as a replay does, and falls back to calling the kernels one by one
+    -- reported like a kernel fallback, op ``"compiled-step"`` -- when ``fn`` raises or returns
+    something of another shape.  See ``polygrad/compile/backend_compile.py`` and docs/writing-a-backend.md.
     """
     raise NotImplementedError  # a specification: pluggy calls the implementations
 

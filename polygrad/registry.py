@@ -7,17 +7,28 @@ raises is recorded with the reason and skipped, so ``import polygrad`` never bre
 plugin.  Registration builds the per-backend kernel tables once; dispatch then only does dict
 lookups.  Selection is context-local (``contextvars``), so threads and asyncio tasks don't leak
 their choice into each other.
+
+**Deferred plugins.**  A plugin that also names its backends in the entry-point group
+``polygrad.backends`` (``<backend name> = "<plugin module>"``) is *not* imported at discovery:
+listing backends shows them from metadata alone (availability: whether the distribution's
+requirements are installed), and the plugin -- with its array library -- is imported the first
+time one of those backends is used (``pg.use_backend``, ``t.to``, ``pg.tensor`` of its array,
+its kernel table).  So a process that only uses numpy never imports JAX or Dask because their
+plugins are installed.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, distribution, entry_points
 from typing import Any, Iterator
 
+import numpy as np
 import pluggy
 
 from . import hookspecs
@@ -28,6 +39,8 @@ from .errors import describe_exception
 from .ops import Op, kernel_key
 
 ENTRY_POINT_GROUP = "polygrad"
+#: ``<backend name> = "<plugin module>"``: the plugin is imported when that backend is first used
+DEFERRED_GROUP = "polygrad.backends"
 EVENT_HOOKS = ("polygrad_op_executed", "polygrad_layout_chosen", "polygrad_fallback",
                "polygrad_backward_finished")
 
@@ -40,6 +53,9 @@ class BackendInfo:
     reason: str          # why not available ("" when available)
     origin: str          # the distribution that provides it (or "<runtime>" for pg.register_plugin)
     status: str          # "ok", "unavailable" or "failed" (import/registration error)
+    #: False for a deferred plugin's backend not used yet (its plugin and library not imported;
+    #: ``available`` then only says its distribution's requirements are installed)
+    loaded: bool = True
 
     def __str__(self) -> str:
         return f"{self.name} ({'available' if self.available else self.status + ': ' + self.reason})"
@@ -53,6 +69,7 @@ class _Entry:
     error: str = ""
     available: bool | None = None     # None: not checked yet (checked lazily)
     reason: str = ""
+    deferred: Any = None              # the entry point to import on first use (deferred plugins)
 
 
 class Registry:
@@ -71,6 +88,8 @@ class Registry:
         self._lock = threading.RLock()
         self.loaded = False
         self._default: str | None = None  # cached default_name(); reset on (un)registration
+        #: deferred plugin module -> (entry point, plugin name, backend names it declares)
+        self._deferred: dict[str, tuple[Any, str, list[str]]] = {}
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -80,25 +99,66 @@ class Registry:
             self.loaded = True
             try:
                 eps = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+                lazy = sorted(entry_points(group=DEFERRED_GROUP), key=lambda e: e.name)
             except Exception as exc:  # noqa: BLE001 - broken metadata on sys.path must not break us
                 self.entries.setdefault("<entry points>", _Entry("<entry points>", "<unknown>", error=(
                     f"could not read the entry points of group {ENTRY_POINT_GROUP!r}: {describe_exception(exc)}")))
                 return
+            plugin_names = {ep.value: ep.name for ep in eps}
+            for ep in lazy:
+                _, name, names = self._deferred.setdefault(ep.value, (ep, plugin_names.get(ep.value, ep.value), []))
+                names.append(ep.name)
+                self.entries.setdefault(ep.name, _Entry(ep.name, _origin(ep), deferred=ep))
             for ep in eps:
-                try:
-                    dist = getattr(ep, "dist", None)
-                    origin = dist.name if dist is not None else "<unknown>"
-                except Exception:  # noqa: BLE001 - unreadable METADATA
-                    origin = "<unknown>"
+                if ep.value in self._deferred:
+                    continue  # imported when one of its backends is first used
                 try:
                     plugin = ep.load()
                 except BaseException as exc:  # noqa: BLE001 - a broken plugin must not break us
                     if isinstance(exc, KeyboardInterrupt):
                         raise
-                    self.entries.setdefault(ep.name, _Entry(ep.name, origin,
+                    self.entries.setdefault(ep.name, _Entry(ep.name, _origin(ep),
                                                             error=f"failed to import: {describe_exception(exc)}"))
                     continue
-                self.register_plugin(plugin, name=ep.name, origin=origin)
+                self.register_plugin(plugin, name=ep.name, origin=_origin(ep))
+
+    def realize(self, name: str) -> None:
+        """Import the deferred plugin that declares backend ``name`` (once; a no-op otherwise).
+
+        Every backend that plugin declares is replaced by what its registration provides; a
+        declared backend it did not provide is listed as unavailable, one whose plugin fails to
+        import as failed, with the reason."""
+        with self._lock:
+            entry = self.entries.get(name)
+            if entry is None or entry.deferred is None:
+                return
+            ep = entry.deferred
+            _, plugin_name, names = self._deferred[ep.value]
+            origin = entry.origin
+            for declared in names:
+                if declared in self.entries and self.entries[declared].deferred is not None:
+                    del self.entries[declared]
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # noqa: BLE001 - a broken plugin must not break us
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                for declared in names:
+                    self.entries.setdefault(declared, _Entry(declared, origin, error=(
+                        f"failed to import {ep.value!r}: {describe_exception(exc)}")))
+                return
+            if self.pm.is_registered(plugin):  # registered before and its backends removed since
+                self.pm.unregister(plugin)
+            self.register_plugin(plugin, name=plugin_name, origin=origin)
+            for declared in names:
+                self.entries.setdefault(declared, _Entry(declared, origin, available=False, reason=(
+                    f"plugin {ep.value!r} declares it (entry-point group {DEFERRED_GROUP!r}) but did not "
+                    "provide it here")))
+
+    def deferred_names(self) -> list[str]:
+        """Backends whose plugin is not imported yet."""
+        self.load()
+        return [e.name for e in self.entries.values() if e.deferred is not None]
 
     def register_plugin(self, plugin: Any, name: str | None = None, origin: str = "<runtime>") -> None:
         """Register a plugin object (module or instance with hookimpls) at runtime.
@@ -229,7 +289,13 @@ class Registry:
     def infos(self) -> list[BackendInfo]:
         self.load()
         out = []
-        for entry in self.entries.values():
+        for entry in list(self.entries.values()):
+            if entry.deferred is not None:
+                missing = _missing_requirements(entry.deferred)
+                reason = f"needs {', '.join(missing)} (not installed)" if missing else ""
+                out.append(BackendInfo(entry.name, not missing, reason, entry.origin,
+                                       "unavailable" if missing else "ok", loaded=False))
+                continue
             self._check(entry)
             status = "ok" if entry.available else ("failed" if entry.error else "unavailable")
             out.append(BackendInfo(entry.name, bool(entry.available), entry.reason, entry.origin, status))
@@ -265,6 +331,7 @@ class Registry:
         if kind not in ("forward", "vjp"):
             raise ValueError(f"kind must be 'forward' or 'vjp', got {kind!r}")
         self.load()
+        self.realize(backend)
         return (self.vjp_tables if kind == "vjp" else self.tables).get(backend, {})
 
     def get(self, name: str) -> Backend:
@@ -272,9 +339,11 @@ class Registry:
         if not isinstance(name, str):
             raise BackendUnavailableError(f"a backend is selected by its name (a str) or a polygrad.Backend, "
                                           f"got {type(name).__name__} {name!r:.60}")
+        self.realize(name)
         entry = self.entries.get(name)
-        if entry is None or entry.backend is None and not entry.error:
-            known = ", ".join(sorted(e.name for e in self.entries.values() if e.backend is not None))
+        if entry is None or entry.backend is None and not (entry.error or entry.reason):
+            known = ", ".join(sorted(e.name for e in self.entries.values()
+                                     if e.backend is not None or e.deferred is not None))
             raise BackendUnavailableError(f"unknown backend {name!r}; installed backends: {known}")
         self._check(entry)
         if not entry.available:
@@ -327,7 +396,27 @@ def owner_of(array: Any) -> Backend | None:
     ``owns`` raises is treated as not owning it."""
     registry.load()
     current = registry.entries.get(get_backend())
-    for entry in ([current] if current else []) + list(registry.entries.values()):
+    found = _owner_among(([current] if current else []) + list(registry.entries.values()), array)
+    if found is not None or isinstance(array, _HOST_DATA):
+        return found
+    # a foreign array no loaded backend owns: its library is imported already, so loading deferred
+    # plugins costs no library import -- the one named like the array's module first (jax, cupy)
+    top = type(array).__module__.partition(".")[0]
+    for name in sorted(registry.deferred_names(), key=lambda n: n != top):
+        registry.realize(name)
+        entry = registry.entries.get(name)
+        found = _owner_among([entry] if entry else [], array)
+        if found is not None:
+            return found
+    return None
+
+
+#: data no deferred plugin can own (host arrays, Python numbers and sequences)
+_HOST_DATA = (np.ndarray, np.generic, int, float, complex, list, tuple)
+
+
+def _owner_among(entries: list, array: Any) -> Backend | None:
+    for entry in entries:
         if entry.backend is None:
             continue
         registry._check(entry)
@@ -337,6 +426,39 @@ def owner_of(array: Any) -> Backend | None:
         except Exception:  # noqa: BLE001 - a broken owns() must not break pg.tensor
             continue
     return None
+
+
+def _origin(ep: Any) -> str:
+    try:
+        dist = getattr(ep, "dist", None)
+        return dist.name if dist is not None else "<unknown>"
+    except Exception:  # noqa: BLE001 - unreadable METADATA
+        return "<unknown>"
+
+
+_REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _missing_requirements(ep: Any) -> list[str]:
+    """The unconditional requirements of entry point ``ep``'s distribution that are not installed --
+    read from metadata, importing nothing (how a deferred plugin's availability is listed)."""
+    try:
+        requires = ep.dist.requires or []
+    except Exception:  # noqa: BLE001 - no or unreadable metadata: nothing to check
+        return []
+    missing = []
+    for req in requires:
+        match = _REQUIREMENT_NAME.match(req)
+        if match is None or "extra" in req.partition(";")[2]:
+            continue
+        name = match.group(1)
+        try:
+            distribution(name)
+        except PackageNotFoundError:
+            module = name.replace("-", "_")
+            if "." in module or importlib.util.find_spec(module) is None:
+                missing.append(name)
+    return missing
 
 
 def set_backend(name: str) -> None:

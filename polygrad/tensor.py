@@ -16,6 +16,7 @@ import numpy as np
 
 from . import dispatch, sharing
 from .autodiff import backward as _backward
+from .backend import shares_arrays, supports_dtype
 from .dispatch import apply
 from .dtypes import as_dtype, bool_, default_float, float32, float64, infer_from_data, int64
 from . import memory
@@ -470,6 +471,9 @@ def _rebuild_tensor(array: np.ndarray, backend: str, requires_grad: bool, grad: 
 
 
 def tensor_from_numpy(array: np.ndarray, be) -> Tensor:
+    if not supports_dtype(be, array.dtype):
+        raise DTypeError(f"backend {be.name!r} supports the dtypes {', '.join(be.dtypes)}, not {array.dtype} "
+                         f"(an array of shape {array.shape}); convert it first, e.g. dtype=pg.float32")
     data = be.from_numpy(array)
     return Tensor._make(data, be, tuple(array.shape), np.dtype(array.dtype))
 
@@ -494,6 +498,11 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
     if isinstance(data, Tensor):
         array = data.numpy()
     elif be.owns(data):
+        if (shares_arrays(be) and supports_dtype(be, np.dtype(be.dtype(data)))
+                and (dtype is None or as_dtype(dtype) == be.dtype(data))):
+            # an immutable array: sharing it is a copy, and it stays on its device (no host trip)
+            t = Tensor._make(data, be, tuple(be.shape(data)), np.dtype(be.dtype(data)))
+            return t.requires_grad_(True) if requires_grad else t
         array = be.to_numpy(data)
     else:
         if hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):

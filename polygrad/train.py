@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import polygrad as pg
+from polygrad.backend import shares_arrays
 from polygrad.compile import Compiled
 from polygrad.errors import NonFiniteError
 
@@ -77,7 +78,7 @@ def _copy_tensor(t: Tensor) -> Tensor:
     # a private copy: the snapshot must not change if someone writes into the live storage
     if is_sparse(t):
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
-    if t._be.lazy:  # a lazy backend's arrays are immutable values: sharing one is a copy
+    if shares_arrays(t._be):  # immutable (or lazy) arrays: sharing one is a copy, no host trip
         return t.detach()
     return pg.tensor(t.numpy().copy(), backend=t.backend)
 

@@ -19,6 +19,7 @@ from ..tensor import Tensor
 from .program import (ARG, ASSERT_FINITE, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA,
                       SET_GRAD, Capture, _HostFailed, _NotFinite, _ReplayFault, _reads, _result_slots,
                       _ShapeMismatch)
+from .backend_compile import offer
 from .rewrite import _all_finite, _push_row_gathers
 
 _default_shape = Backend.shape
@@ -29,7 +30,7 @@ def prepare(cap: Capture) -> Capture:
     part of the guard key) and generate its function."""
     if registry.events["polygrad_op_executed"] is None:
         cap.program, cap.meta = _push_row_gathers(cap.program, cap.meta, cap.spec)
-    cap.fast = _generate(cap)
+    cap.fast = offer(cap, _generate(cap), _result, _rebuild)  # a backend may compile its kernels (backend_compile.py)
     return cap
 
 

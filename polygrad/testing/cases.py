@@ -47,6 +47,9 @@ class Case:
     layout: str = "dense"
     grad: tuple[bool, ...] = ()
     float32: bool = True
+    #: a long-row sparse case: the float32 check bounds each output by the error a float32 sum of
+    #: its row may make, ``(nnz of the row + 2) * eps32 * sum |terms|``, against float64
+    accumulate: bool = False
 
     def __post_init__(self) -> None:
         self.inputs = tuple(np.asarray(a) for a in self.inputs)
@@ -67,7 +70,7 @@ class Case:
         """The same case with every floating input cast to ``dtype``."""
         inputs = tuple(a.astype(dtype) if a.dtype.kind == "f" else a for a in self.inputs)
         return Case(self.op, f"{self.name}-{np.dtype(dtype).name}", inputs, self.attrs, self.layout,
-                    self.grad, self.float32)
+                    self.grad, self.float32, self.accumulate)
 
     def tensors(self, backend: Any = None, requires_grad: bool = False) -> tuple:
         """The inputs as polygrad tensors on ``backend`` (``requires_grad`` per ``self.grad``)."""
@@ -291,7 +294,61 @@ def _sparse_cases(layout: str) -> list[Case]:
              {"pattern": p}, layout, grad=(True, False)))
     add(Case(Op.SDDMM, "small_width1", (_normal((p.shape[0], 1), 765), _normal((p.shape[1], 1), 766)),
              {"pattern": p}, layout))
+    C.extend(_nonfinite_cases(p, layout))
+    C.extend(_long_row_cases(layout))
     return C
+
+
+def _with_nonfinite(values: np.ndarray, p: Pattern) -> np.ndarray:
+    """``values`` with +inf in the first nonzero of row 0 and NaN in the first of the last nonempty
+    row: every other row must stay finite (IEEE, like numpy), whatever order the kernel sums in."""
+    out = values.copy()
+    starts = p.indptr[:-1][np.diff(p.indptr) > 0]
+    out[starts[0]] = np.inf
+    out[starts[-1]] = np.nan
+    return out
+
+
+def _nonfinite_cases(p: Pattern, layout: str) -> list[Case]:
+    """inf and NaN in sparse inputs (no gradients: central differences are undefined there)."""
+    x = _normal((p.shape[1], 3), 770)
+    x_inf = x.copy()
+    x_inf[1, 0] = -np.inf
+    vals = _with_nonfinite(_normal((p.nnz,), 771), p)
+    off = {"pattern": p}
+    return [Case(Op.SPMM, "nonfinite_values", (vals, x), off, layout, grad=(False, False)),
+            Case(Op.SPMM, "nonfinite_x", (_normal((p.nnz,), 772), x_inf), off, layout, grad=(False, False)),
+            Case(Op.SEGMENT_SUM, "nonfinite", (vals,), off, layout, grad=(False,)),
+            Case(Op.SDDMM, "nonfinite", (_normal((p.shape[0], 3), 773), x_inf), off, layout,
+                 grad=(False, False))]
+
+
+#: nonzeros of the long rows of :func:`long_row_pattern`
+LONG_ROW = 20_000
+
+
+@lru_cache(maxsize=None)
+def long_row_pattern() -> Pattern:
+    """Row 0: LONG_ROW nonzeros; rows 1-3: four each; row 4: LONG_ROW again; row 5 empty."""
+    n = LONG_ROW
+    rows = np.concatenate([np.zeros(n, np.int64), np.repeat(np.arange(1, 4), 4), np.full(n, 4)])
+    short = np.array([0, 7, 11, 19])
+    cols = np.concatenate([np.arange(n), short, short + 1, short + 2, np.arange(n)])
+    return Pattern.from_sorted((6, n), rows, cols)
+
+
+def _long_row_cases(layout: str) -> list[Case]:
+    """Long rows of large positive terms before short rows of tiny ones, then a long row of mixed
+    signs: a kernel that sums across rows (a prefix sum over all nonzeros, then differences) or
+    accumulates far worse than a float32 sum of the row is caught by the float32 bound."""
+    p = long_row_pattern().with_layout(layout)
+    r = _rng(780)
+    n = LONG_ROW
+    values = np.concatenate([r.uniform(500.0, 1000.0, n), r.normal(size=12) * 1e-3, r.normal(size=n)])
+    x = r.uniform(0.5, 2.0, (n, 2))
+    off = {"pattern": p}
+    return [Case(Op.SPMM, "long_rows", (values, x), off, layout, grad=(False, False), accumulate=True),
+            Case(Op.SEGMENT_SUM, "long_rows", (values,), off, layout, grad=(False,), accumulate=True)]
 
 
 def _dense_bad_cases() -> list[BadCase]:

@@ -6,6 +6,8 @@ For each kernel in the backend's table (its own and any plugin overrides) and ea
 ``forward``       the kernel's output (shape, dtype, values) vs the scalar reference, float64;
                   the kernel must not modify its inputs
 ``float32``       float32 inputs give the dtype inference promises, values within float32 tolerance
+                  (long-row sparse cases: within a float32 sum's error bound of their row)
+``integer``       floating inputs rounded to each integer dtype the backend declares
 ``grad-numeric``  the VJP through ``pg.grad`` on this backend vs central differences (float64)
 ``grad-scalar``   the same VJP vs ``Value.backward`` over the op's scalar decomposition
 ``errors``        bad input raises the documented polygrad error *before* the kernel runs
@@ -19,24 +21,25 @@ would have served the op by fallback.  Known gaps are listed in xfail files (see
     python -m polygrad.testing.conformance numpy --op spmm -v
     pytest -p polygrad.testing.plugin --polygrad-backend numpy
 
-or subclass the pytest base classes in :mod:`polygrad.testing.suite`.
+or subclass the pytest base classes in :mod:`polygrad.testing.suite`.  Each check runs at the
+dtypes the backend declares (``Backend.dtypes``, :func:`for_declared_dtypes`): a float32-only
+backend skips the float64 checks and runs ``grad-scalar``/``fused-vjp`` in float32.
 """
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import sys
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .. import grad_rules, reference
+from ..autodiff import grad as pg_grad
 from ..autodiff import no_grad, unbroadcast
-from ..backend import Backend
+from ..backend import Backend, declared_dtypes
 from ..dispatch import apply, kernel_dtypes
 from ..errors import FallbackWarning, PolygradError
 from ..hookspecs import hookimpl
@@ -47,10 +50,10 @@ from ..tensor import tensor
 from ..value import Value, backward_many
 from .edges import EDGE_CASES, check_edge_points
 from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
+from .xfails import XFAIL_FILE, XFail, find_xfail, load_xfails, parse_xfails  # noqa: F401 - public here too
 from .grads import _explain, _seed_grad, compare, numerical_grad, vjp_grads
 
-CHECKS = ("forward", "float32", "grad-numeric", "grad-scalar", "errors", "fused-vjp")
-XFAIL_FILE = "xfail.txt"
+CHECKS = ("forward", "float32", "integer", "grad-numeric", "grad-scalar", "errors", "fused-vjp")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class Tolerances:
     forward: tuple[float, float] = (1e-7, 1e-9)
     float32: tuple[float, float] = (2e-5, 1e-6)
     grad_numeric: tuple[float, float] = (1e-5, 1e-6)
+    #: grad-scalar in float32, for a backend that declares no float64
+    grad_float32: tuple[float, float] = (1e-4, 1e-5)
     grad_scalar: tuple[float, float] = (1e-7, 1e-9)
     fused_vjp: tuple[float, float] = (1e-7, 1e-9)
     eps: float = 1e-6
@@ -90,55 +95,6 @@ class Result:
     message: str = ""
     max_error: float | None = None
     reason: str = ""             # xfail reason
-
-
-# -- xfail files ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class XFail:
-    """One xfail line: ``backend op layout check [case]  # reason`` (fnmatch globs allowed)."""
-    backend: str
-    op: str
-    layout: str
-    check: str
-    case: str = "*"
-    reason: str = ""
-
-    def matches(self, backend: str, op: Op | str, layout: str, check: str, case: str) -> bool:
-        op = op.value if isinstance(op, Op) else op
-        return all(fnmatch.fnmatchcase(value, pat) for value, pat in (
-            (backend, self.backend), (op, self.op), (layout, self.layout), (check, self.check), (case, self.case)))
-
-
-def parse_xfails(text: str, source: str = "<xfail>") -> list[XFail]:
-    """Parse xfail lines.  Blank lines and ``#`` comments are ignored; a trailing ``# ...`` is the reason."""
-    out = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        body, _, reason = raw.partition("#")
-        fields = body.split()
-        if not fields:
-            continue
-        if not 4 <= len(fields) <= 5:
-            raise ValueError(f"{source}:{lineno}: expected 'backend op layout check [case]  # reason', got {raw!r}")
-        backend, op, layout, check, *case = fields
-        out.append(XFail(backend, op, layout, check, case[0] if case else "*", reason=reason.strip()))
-    return out
-
-
-def load_xfails(paths: Iterable[str] = (), builtin: bool = True) -> list[XFail]:
-    """The built-in xfail list shipped with polygrad (known gaps), plus the given files."""
-    out: list[XFail] = []
-    if builtin:
-        text = resources.files("polygrad.testing").joinpath(XFAIL_FILE).read_text(encoding="utf-8")
-        out += parse_xfails(text, f"polygrad/testing/{XFAIL_FILE}")
-    for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            out += parse_xfails(fh.read(), path)
-    return out
-
-
-def find_xfail(xfails: Sequence[XFail], backend: str, op: Op, layout: str, check: str, case: str) -> XFail | None:
-    return next((x for x in xfails if x.matches(backend, op, layout, check, case)), None)
 
 
 # -- backend access -----------------------------------------------------------------------------------
@@ -272,6 +228,8 @@ def check_float32(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES
     c32 = case.with_dtype(np.float32)
     got, _ = _run_kernel(backend, c32, "float32")  # checks the dtype inference promises
     want = reference_forward(c32)
+    if case.accumulate:
+        return _check_accumulation(c32, got, want)
     rtol, atol = tol.float32
     ok, err, where = compare(got, want, rtol, atol * max(1.0, float(np.max(np.abs(want), initial=0.0))
                                                           if want.dtype.kind == "f" else 1.0))
@@ -279,6 +237,60 @@ def check_float32(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES
         raise CheckFailure(_explain(f"{_label(case, 'float32')}: float32 output disagrees with the reference",
                                     got, want, err, where, rtol, atol, "backend", "reference"), err)
     return err
+
+
+def _check_accumulation(case: Case, got: np.ndarray, want: np.ndarray) -> float:
+    """Each output of a long-row case within what a float32 sum of its row may be off by:
+    ``(n + 2) * eps32 * sum |terms|`` (n: the row's nonzeros; ``sum |terms|``: the op on the
+    absolute inputs, float64).  Any summation order -- sequential, pairwise, blocked -- keeps it; a
+    sum that mixes rows or loses precision across them does not."""
+    pattern = case.attrs["pattern"]
+    mag = reference_forward(Case(case.op, case.name, tuple(np.abs(a) for a in case.inputs), case.attrs,
+                                 case.layout, case.grad, case.float32))
+    n = np.diff(pattern.indptr).astype(np.float64).reshape((-1,) + (1,) * (want.ndim - 1))
+    bound = (n + 2) * float(np.finfo(np.float32).eps) * mag
+    err = np.abs(got.astype(np.float64) - want)
+    bad = ~(err <= bound)
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        raise CheckFailure(
+            f"{_label(case, 'float32')}: output {i} (row {i[0]}, {int(n.ravel()[i[0]])} nonzeros) is off by "
+            f"{err[i]:.3g} from the float64 reference {want[i]:.9g}; a float32 sum of that row may be off by "
+            f"at most {bound[i]:.3g} ((n+2)*eps32*sum|terms|): the kernel accumulates across rows or "
+            "loses precision", float(err[i]))
+    return float(np.max(err, initial=0.0))
+
+
+def check_integer(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
+    """The case at each integer dtype the backend declares (``Backend.dtypes``): floating inputs
+    rounded to small integers of that dtype; exact where the output is an integer, else within
+    float32 tolerance.  Ops whose inference refuses integers are not applicable."""
+    if case.accumulate or not any(a.dtype.kind == "f" for a in case.inputs):
+        raise NotApplicable("no floating inputs to cast (or a long-row case)")
+    ints = [d for d in declared_dtypes(registry.get(backend)) if np.dtype(d).kind in "iu"]
+    worst, ran = 0.0, False
+    if not all(np.isfinite(a).all() for a in case.inputs if a.dtype.kind == "f"):
+        raise NotApplicable("non-finite inputs have no integer form")
+    for dtype in ints:
+        inputs = tuple(np.rint(a * 2).astype(dtype) if a.dtype.kind == "f" else a for a in case.inputs)
+        ci = Case(case.op, f"{case.name}-{dtype}", inputs, case.attrs, case.layout, case.grad, case.float32)
+        try:
+            shapes = tuple(a.shape for a in inputs)
+            _, out_dtype = infer(case.op, shapes, tuple(a.dtype for a in inputs), case.attrs)
+            want = reference_forward(ci)
+        except (PolygradError, ArithmeticError, ValueError, TypeError):
+            continue  # integers not accepted by the op (or undefined for these values)
+        got, _ = _run_kernel(backend, ci, "integer")
+        ran = True
+        rtol, atol = (0.0, 0.0) if out_dtype.kind != "f" else tol.float32
+        ok, err, where = compare(got, want, rtol, atol)
+        if not ok:
+            raise CheckFailure(_explain(f"{_label(ci, 'integer')}: {dtype} output disagrees with the reference",
+                                        got, want, err, where, rtol, atol, "backend", "reference"), err)
+        worst = max(worst, err)
+    if not ran:
+        raise NotApplicable("the op takes no integer inputs, or the backend declares no integer dtype")
+    return worst
 
 
 def _primitive(case: Case):
@@ -298,9 +310,29 @@ def _analytic(backend: str, case: Case, check: str) -> list:
     if not case.differentiable:
         raise NotApplicable("nothing to differentiate")
     with watching_fallbacks() as rec:
-        _, grads = vjp_grads(_primitive(case), case.inputs, wrt=_wrt(case), backend=backend)
+        if any(a.dtype == np.float32 for a in case.inputs):
+            grads = _vjp_as_given(case, backend)
+        else:
+            _, grads = vjp_grads(_primitive(case), case.inputs, wrt=_wrt(case), backend=backend)
     _raise_on_fallbacks(rec, backend, _label(case, check))
     return grads
+
+
+def _vjp_as_given(case: Case, backend: str) -> list:
+    """``vjp_grads`` at the inputs' own dtypes (float32 on a backend that declares no float64),
+    with the same cotangent; gradients as float64 numpy."""
+    ts = case.tensors(backend, requires_grad=True)
+    out = _primitive(case)(*ts)
+    wanted = [t for t, g in zip(ts, case.grad) if g]
+    if not out.requires_grad:
+        got = [np.zeros(t.shape) for t in wanted]
+    else:
+        g = _seed_grad(out.shape, None, 0).astype(out.dtype)
+        res = pg_grad(out, wanted, grad_outputs=tensor(g, backend=backend), allow_unused=True)
+        got = [np.zeros(t.shape) if r is None else np.asarray(r.numpy(), dtype=np.float64)
+               for r, t in zip(res, wanted)]
+    it = iter(got)
+    return [next(it) if need else None for need in case.grad]
 
 
 def check_grad_numeric(backend: str, case: Case, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
@@ -431,12 +463,56 @@ def check_errors(backend: str, case: BadCase, tol: Tolerances = DEFAULT_TOLERANC
 CHECK_FUNCTIONS: dict[str, Callable[..., float]] = {
     "forward": check_forward, "float32": check_float32, "grad-numeric": check_grad_numeric,
     "grad-scalar": check_grad_scalar, "fused-vjp": check_fused_vjp, "errors": check_errors,
+    "integer": check_integer,
 }
+
+
+#: checks computed in float64 (a backend without float64 runs grad-scalar / fused-vjp in float32)
+_FLOAT64_CHECKS = ("forward", "grad-numeric", "grad-scalar", "fused-vjp")
+
+
+def for_declared_dtypes(backend: str, check: str, case: Case | BadCase,
+                        tol: Tolerances) -> tuple[Case | BadCase, Tolerances]:
+    """``case`` as the backend's declared dtypes (``Backend.dtypes``) allow, with the tolerances to
+    use; raises NotApplicable when a check needs a dtype the backend does not declare.
+
+    Integer inputs of an undeclared width go to the widest declared one (int64 -> int32); a
+    float64 check on a float32-only backend is not applicable (``forward``: the ``float32`` check
+    covers it; ``grad-numeric``: central differences need float64) or runs in float32 with float32
+    tolerances (``grad-scalar``, ``fused-vjp``)."""
+    declared = declared_dtypes(registry.get(backend))
+    inputs = list(case.inputs)
+    for i, a in enumerate(inputs):
+        if a.dtype.kind == "f" and a.dtype.name not in declared and isinstance(case, BadCase):
+            floats = [d for d in declared if np.dtype(d).kind == "f"]
+            inputs[i] = a.astype(max(floats, key=lambda d: np.dtype(d).itemsize))
+        elif a.dtype.kind in "iu" and a.dtype.name not in declared:
+            ints = [d for d in declared if np.dtype(d).kind in "iu"]
+            if not ints:
+                raise NotApplicable(f"the backend declares no integer dtype (input {i} is {a.dtype})")
+            inputs[i] = a.astype(max(ints, key=lambda d: np.dtype(d).itemsize))
+        elif a.dtype.kind == "b" and "bool" not in declared:
+            raise NotApplicable("the backend declares no bool dtype")
+    if isinstance(case, BadCase):
+        return BadCase(case.op, case.name, tuple(inputs), case.attrs, case.layout, case.error), tol
+    if any(x is not y for x, y in zip(inputs, case.inputs)):
+        case = Case(case.op, case.name, tuple(inputs), case.attrs, case.layout, case.grad, case.float32,
+                    case.accumulate)
+    floating = any(a.dtype.kind == "f" for a in case.inputs)
+    if check == "float32" and "float32" not in declared:
+        raise NotApplicable("the backend declares no float32")
+    if check in _FLOAT64_CHECKS and floating and "float64" not in declared:
+        if check in ("forward", "grad-numeric") or "float32" not in declared:
+            raise NotApplicable(f"the backend declares no float64 ({check} is a float64 check)")
+        f32 = tol.float32 if check == "fused-vjp" else tol.grad_float32
+        return case.with_dtype(np.float32), replace(tol, grad_scalar=tol.grad_float32, fused_vjp=f32)
+    return case, tol
 
 
 def run_check(backend: str, check: str, case: Case | BadCase, tol: Tolerances = DEFAULT_TOLERANCES) -> float:
     """Run one check; returns the largest error, raises CheckFailure or NotApplicable."""
     try:
+        case, tol = for_declared_dtypes(backend, check, case, tol)
         return CHECK_FUNCTIONS[check](backend, case, tol)
     except (CheckFailure, NotApplicable):
         raise

@@ -33,7 +33,7 @@ def guide_module(tmp_path, monkeypatch):
 
 def test_guide_has_the_blocks_this_test_runs():
     py = blocks("python")
-    assert len(py) == 4, "update tests/plugins/test_guide.py when adding python blocks to the guide"
+    assert len(py) == 5, "update tests/plugins/test_guide.py when adding python blocks to the guide"
     assert "class TinyBackend(pg.Backend)" in py[0]
     assert len([line for line in py[0].splitlines() if line.strip()]) <= 50  # "a few dozen lines"
     assert 'tiny = "tiny_backend"' in blocks("toml")[0]
@@ -51,6 +51,22 @@ def test_guide_code_runs_and_its_backend_conforms(guide_module, capsys):
         assert "exp" in out and "pass" in out
     import polygrad as pg
     assert "tiny" not in [b.name for b in pg.list_backends()]  # the snapshot removed it again
+
+
+def test_guide_step_compiler_runs_the_compiled_step(guide_module):
+    """The polygrad_compile_kernels example: the tiny backend's steps run through its callable."""
+    from polygrad.compile.backend_compile import CompiledStep
+
+    py = blocks("python")
+    namespace: dict = {"__name__": "guide"}
+    with registry_snapshot(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        exec(compile(py[1], f"{GUIDE}:use", "exec"), namespace)
+        exec(compile(py[4], f"{GUIDE}:compile", "exec"), namespace)
+        step = namespace["step"]
+        (entry,) = step._cache.values()
+        assert isinstance(entry.capture.fast, CompiledStep) and entry.capture.fast.calls == 3
+        assert step.stats["dropped"] == 0
 
 
 def test_guide_xfail_block_parses():

@@ -1,0 +1,48 @@
+"""The ``jax`` backend: arrays are ``jax.Array``, kernels from :mod:`polygrad_jax.kernels`."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+import polygrad as pg
+from polygrad.backend import KDLCPU
+
+from .kernels import make_kernels
+
+X64 = os.environ.get("POLYGRAD_JAX_X64", "1") != "0"
+if X64:
+    jax.config.update("jax_enable_x64", True)
+
+
+class JaxBackend(pg.Backend):
+    name = "jax"
+    description = "JAX arrays; pg.compile steps become one jax.jit (polygrad-jax)"
+    install_hint = "pip install jax"
+    immutable = True
+    dlpack_devices = (KDLCPU,)
+    dtypes = None if X64 else ("float32", "int32", "bool")   # None: every dtype polygrad supports
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = make_kernels()
+
+    def from_numpy(self, array: np.ndarray) -> Any:
+        return jax.numpy.asarray(array)
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        return np.asarray(array)
+
+    def owns(self, array: Any) -> bool:
+        return isinstance(array, jax.Array)
+
+    def shape(self, array: Any) -> tuple[int, ...]:
+        return tuple(array.shape)
+
+    def dtype(self, array: Any) -> np.dtype:
+        return np.dtype(array.dtype)
+
+    def from_dlpack(self, obj: Any) -> Any:
+        return jax.numpy.asarray(np.from_dlpack(obj))

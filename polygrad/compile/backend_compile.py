@@ -1,0 +1,243 @@
+"""Backends that compile whole steps: the ``polygrad_compile_kernels`` hook.
+
+``pg.compile(step, pure=True)`` records a step as a typed program (``polygrad.compile``) and
+replays it kernel by kernel.  A backend that can compile a whole dataflow graph (JAX: one
+``jax.jit``) receives the program's *kernel region* instead -- every forward and fused backward
+kernel of the step, with the slots they read from outside and the slots the rest of the step
+reads -- and returns one callable for it.  polygrad keeps everything else as it is:
+
+* **guards**: a call replays (compiled or not) only when the capture's guards hold;
+* **the rest of the step**: reading the arguments and parameters, random draws (dropout masks,
+  drawn on the host from ``pg.manual_seed``'s generator in eager order, then handed over),
+  gradients written, the optimizer's host calls, events and the result, run as in a replay;
+* **fallbacks**: a compiled callable that raises, or returns the wrong number of arrays or a
+  shape the capture did not see, is reported once (``FallbackWarning``, the ``polygrad_fallback``
+  event with op ``"compiled-step"``, ``pg.stats()["fallbacks"]``), never called again for that
+  capture, and the region's kernels run one by one instead, in the same call -- so a failing
+  compiled step still gives the replay's numbers; a kernel that fails then drops the capture and
+  the call re-runs eagerly, as in any replay;
+* **validation and events**: with ``POLYGRAD_VALIDATE`` or an op/backward listener, steps replay
+  through the interpreter, kernel by kernel, and the compiled callable is not used.
+
+The region is the run of program entries from the first kernel to the last one; it is offered
+only when no host code runs inside it (no optimizer call, no storage or gradient written between
+two kernels: what a step written as forward / backward / ``opt.step()`` gives) and all its kernels
+are on one backend.  Otherwise the step replays as usual.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any, Callable, NamedTuple
+
+from .program import (ARG as _ARG, ASSERT_FINITE as _ASSERT_FINITE, FRESH as _FRESH, FUSED as _FUSED,
+                          GRAD as _GRAD, HOST as _HOST, KERNEL as _KERNEL, LOAD as _LOAD,
+                          SET_DATA as _SET_DATA, SET_GRAD as _SET_GRAD, _HostFailed, _NotFinite, _reads,
+                          _result_slots)
+from .rewrite import _all_finite
+from ..dispatch import _stats_lock, fallback_counts, registry
+from ..errors import FallbackWarning, PolygradError
+
+#: the op name compiled-step fallbacks are reported under (events, warnings, ``pg.stats()``)
+COMPILED_STEP = "compiled-step"
+#: entries that may sit inside the region: they read state, or draw, but run no host code
+_REGION_KINDS = frozenset({_LOAD, _ARG, _GRAD, _KERNEL, _FUSED, _FRESH, _ASSERT_FINITE})
+
+
+class KernelProgram(NamedTuple):
+    """What a backend compiles: ``entries`` (the step's ``Kernel`` and ``Fused`` program entries,
+    in order), ``inputs`` (the slots they read that no entry of theirs writes: pass them in this
+    order), ``outputs`` (the slots the rest of the step reads: return them in this order), ``meta``
+    (slot -> ``(backend, shape, dtype)``) and ``backend`` (the one backend all entries run on).
+
+    A compiled callable is ``fn(*input_arrays) -> sequence of output arrays``: it must compute what
+    calling each entry's kernel in order does (``Kernel``: ``tables[key](*inputs, **attrs)`` into
+    slot ``out``; ``Fused``: ``vjp_tables[key](*inputs, **kwargs)`` into ``outs``, -1 not wanted),
+    read nothing else that changes between calls, and write nothing (polygrad writes the results)."""
+    entries: tuple
+    inputs: tuple
+    outputs: tuple
+    meta: list
+    backend: Any
+
+
+def _writes(e: tuple) -> list[int]:
+    if e[0] == _KERNEL:
+        return [e[5]]
+    if e[0] == _FUSED:
+        return [s for s in e[5] if s >= 0]
+    return []
+
+
+def kernel_region(cap: Any) -> tuple[int, int, KernelProgram] | None:
+    """(first, end, program) of ``cap``'s kernel region, or None when it has none to offer."""
+    program = cap.program
+    kernels = [n for n, e in enumerate(program) if e[0] in (_KERNEL, _FUSED)]
+    if not kernels:
+        return None
+    first, end = kernels[0], kernels[-1] + 1
+    region = program[first:end]
+    if any(e[0] not in _REGION_KINDS for e in region):
+        return None
+    backends = {e[1] for e in region if e[0] in (_KERNEL, _FUSED)}
+    if len(backends) != 1:
+        return None
+    written: set[int] = set()
+    inputs: list[int] = []
+    for e in region:
+        if e[0] in (_KERNEL, _FUSED):
+            for slot in e[3]:
+                if slot not in written and slot not in inputs:
+                    inputs.append(slot)
+            written.update(_writes(e))
+    read_later = set(_result_slots(cap.spec))
+    for e in region:
+        if e[0] == _ASSERT_FINITE:
+            read_later.add(e[1])
+    for e in program[end:]:
+        read_later.update(_reads(e))
+    outputs = tuple(s for s in sorted(written) if s in read_later)
+    entries = tuple(e for e in region if e[0] in (_KERNEL, _FUSED))
+    return first, end, KernelProgram(entries, tuple(inputs), outputs, cap.meta, backends.pop())
+
+
+def offer(cap: Any, fast: Callable | None, result: Callable, rebuild: Callable) -> Callable | None:
+    """The replay function of ``cap``: ``fast`` as it is, or one running a backend's compiled
+    kernel region (when a ``polygrad_compile_kernels`` implementation returns one).  ``result`` and
+    ``rebuild`` are the executor's builders of the step's result and of gradient values."""
+    hook = registry.pm.hook.polygrad_compile_kernels
+    if fast is None or not hook.get_hookimpls():
+        return fast
+    found = kernel_region(cap)
+    if found is None:
+        return fast
+    first, end, program = found
+    try:
+        compiled = hook(program=program, backend=program.backend)
+        if compiled is not None and not callable(compiled):
+            raise PolygradError(f"polygrad_compile_kernels returned {type(compiled).__name__}, not a callable")
+    except Exception as exc:  # noqa: BLE001 - a broken compiler: the step replays as usual
+        report(program.backend, exc)
+        return fast
+    if compiled is None:
+        return fast
+    return CompiledStep(cap, first, end, program, compiled, result, rebuild)
+
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
+def report(be: Any, exc: BaseException) -> None:
+    """A compiled step failed on backend ``be``: count it, warn once per (backend, error type), fire
+    ``polygrad_fallback``."""
+    key = (COMPILED_STEP, be.name, "-")
+    with _stats_lock:
+        fallback_counts[key] += 1
+    with _warned_lock:
+        first = (be.name, type(exc)) not in _warned
+        _warned.add((be.name, type(exc)))
+    if first:
+        warnings.warn(f"the compiled step of backend {be.name!r} failed with {type(exc).__name__}: {exc}; "
+                      "its kernels run one by one instead", FallbackWarning, stacklevel=4)
+    ev = registry.events["polygrad_fallback"]
+    if ev is not None:
+        ev(op=COMPILED_STEP, backend=be.name, layout="-", exception=exc)
+
+
+class CompiledStep:
+    """A capture's replay with its kernel region run by a backend's compiled callable (signature
+    of the executor's generated function: ``(flat, tables, vjp_tables) -> result``)."""
+
+    def __init__(self, cap: Any, first: int, end: int, program: KernelProgram, compiled: Callable,
+                 result: Callable, rebuild: Callable):
+        self.cap, self.first, self.end, self.program = cap, first, end, program
+        self.result, self.rebuild = result, rebuild
+        self.compiled: Callable | None = compiled
+        self.calls = 0      # times the compiled callable ran to completion (tests, benchmarks)
+
+    def __call__(self, flat: list, tables: dict, vjp_tables: dict) -> Any:
+        cap = self.cap
+        buf: list = [None] * len(cap.meta)
+        self._host_entries(cap.program[:self.first], buf, flat)
+        region = cap.program[self.first:self.end]
+        self._host_entries([e for e in region if e[0] in (_LOAD, _ARG, _GRAD, _FRESH)], buf, flat)
+        if not self._run_compiled(buf):
+            self._run_kernels(buf, tables, vjp_tables)
+        self._host_entries([e for e in region if e[0] == _ASSERT_FINITE], buf, flat)
+        self._host_entries(cap.program[self.end:], buf, flat)
+        return self.result(cap.spec, buf, cap.meta, flat)
+
+    def _run_compiled(self, buf: list) -> bool:
+        compiled, program = self.compiled, self.program
+        if compiled is None:
+            return False
+        be = program.backend
+        try:
+            outs = list(compiled(*[buf[s] for s in program.inputs]))
+            if len(outs) != len(program.outputs):
+                raise PolygradError(f"the compiled step returned {len(outs)} arrays for {len(program.outputs)} outputs")
+            for slot, array in zip(program.outputs, outs):
+                if tuple(be.shape(array)) != tuple(program.meta[slot][1]):
+                    raise PolygradError(f"the compiled step returned shape {tuple(be.shape(array))} for slot "
+                                        f"{slot}, the capture saw {program.meta[slot][1]}")
+        except Exception as exc:  # noqa: BLE001 - reported; the kernels run one by one instead
+            self.compiled = None
+            report(be, exc)
+            return False
+        for slot, array in zip(program.outputs, outs):
+            buf[slot] = array
+        self.calls += 1
+        return True
+
+    def _run_kernels(self, buf: list, tables: dict, vjp_tables: dict) -> None:
+        """The region kernel by kernel (a fault propagates: the call re-runs eagerly)."""
+        meta = self.cap.meta
+        for e in self.program.entries:
+            be = e[1]
+            if e[0] == _KERNEL:
+                array = tables[be.name][e[2]](*[buf[i] for i in e[3]], **e[4])
+                if be.shape(array) != e[6]:
+                    raise PolygradError(f"replayed kernel for op '{e[2][0]}' returned shape {be.shape(array)}, "
+                                        f"the capture saw {e[6]}")
+                buf[e[5]] = array
+            else:
+                arrays = vjp_tables[be.name][e[2]](*[buf[i] for i in e[3]], **e[4])
+                for slot, array in zip(e[5], arrays):
+                    if slot >= 0:
+                        if be.shape(array) != meta[slot][1]:
+                            raise PolygradError(f"replayed fused backward of '{e[2][0]}' returned shape "
+                                                f"{be.shape(array)}, the capture saw {meta[slot][1]}")
+                        buf[slot] = array
+
+    def _host_entries(self, entries: list, buf: list, flat: list) -> None:
+        """The entries that are not kernels, as the executor's replay runs them."""
+        meta = self.cap.meta
+        for e in entries:
+            kind = e[0]
+            if kind == _LOAD:
+                buf[e[1]] = e[2]._data
+            elif kind == _ARG:
+                buf[e[1]] = flat[e[2]]._data
+            elif kind == _GRAD:
+                g = e[2].grad
+                if g is None:
+                    raise PolygradError("a gradient the capture accumulated into is gone")
+                buf[e[1]] = g._data
+            elif kind == _FRESH:
+                buf[e[1]] = e[2]() if e[3] else e[2]()._data
+            elif kind == _ASSERT_FINITE:
+                if not _all_finite(buf[e[1]]):
+                    raise _NotFinite()
+            elif kind == _HOST:
+                try:
+                    e[1]()
+                except Exception as exc:  # noqa: BLE001 - the optimizer's error is the user's
+                    raise _HostFailed(exc) from exc
+            elif kind == _SET_GRAD:
+                t = flat[e[1]] if type(e[1]) is int else e[1]
+                t.grad = self.rebuild(e[2], buf, meta)
+            elif kind == _SET_DATA:
+                t = flat[e[1]] if type(e[1]) is int else e[1]
+                t._data = buf[e[2]]
+            # BACKWARD only fires an event, and with a listener steps use the interpreter
