@@ -36,9 +36,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
+
 from .errors import PolygradError
 
-__all__ = ["set_num_threads", "get_num_threads", "available_cores", "run_blocks", "ThreadCountError"]
+__all__ = ["set_num_threads", "get_num_threads", "available_cores", "run_blocks", "row_blocks", "even_blocks",
+           "ThreadCountError"]
 
 ENV_VAR = "POLYGRAD_NUM_THREADS"
 #: variables through which a user already told BLAS its thread count (then polygrad's default leaves it)
@@ -225,4 +228,27 @@ def run_blocks(fn: Callable[..., Any], blocks: Sequence[tuple] | Iterable[tuple]
     for future in helpers:
         future.result()
     if failed:
-        raise failed[0]
+        exc = failed[0]
+        failed.clear()  # the list is reachable from the traceback's frames: no reference cycle left behind
+        raise exc
+
+
+def row_blocks(indptr: np.ndarray, n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` or fewer consecutive row ranges ``(r0, r1)`` of a CSR matrix holding about equal
+    numbers of nonzeros (a power-law graph's few huge rows do not leave the other threads idle;
+    a row is never split)."""
+    if n == 0:
+        return []
+    if parts <= 1:
+        return [(0, n)]
+    total = int(indptr[n]) - int(indptr[0])
+    targets = int(indptr[0]) + (np.arange(1, parts, dtype=np.int64) * total) // parts
+    cuts = np.searchsorted(indptr[:n + 1], targets, side="left")
+    bounds = np.unique(np.concatenate(([0], np.clip(cuts, 0, n), [n])))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def even_blocks(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` or fewer ranges splitting ``range(n)`` evenly."""
+    bounds = np.unique(np.linspace(0, n, max(1, min(parts, n)) + 1).astype(np.int64))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]

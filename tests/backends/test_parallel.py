@@ -230,3 +230,35 @@ def test_gcn_training_is_bit_identical_at_any_thread_count_even_when_it_changes(
     assert _train_gcn([2] * 4) == one
     assert _train_gcn([1, 2, 7, 3]) == one
     assert min(force_parallel) >= 1 and max(force_parallel) > 1  # parallel blocks were used
+
+
+@FAST
+@given(st.integers(0, 2**31), st.sampled_from(["rmat", "uniform", "huge_row"]), st.integers(1, 3000))
+def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, edges):
+    from polygrad import pattern as pattern_module
+
+    monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
+    rng = np.random.default_rng(seed)
+    n = 256
+    if kind == "rmat":
+        rows, cols = rmat_edges(rng, 8, edges)
+    else:
+        rows, cols = rng.integers(0, n, edges), rng.integers(0, n, edges)
+        if kind == "huge_row":
+            rows[: edges // 2] = 7
+    before = pg.get_num_threads()
+    try:
+        built = []
+        for count in THREAD_COUNTS:
+            pg.set_num_threads(count)
+            p, perm, slot = Pattern.from_coo((n, n), rows, cols)
+            built.append((p.indptr, p.cols, perm, slot))
+    finally:
+        pg.set_num_threads(before)
+    for other in built[1:]:
+        for a, b in zip(built[0], other):
+            assert (a is None and b is None) or np.array_equal(a, b)
+    # canonical: sorted by (row, col), no repeats
+    p = Pattern.from_coo((n, n), rows, cols)[0]
+    keys = p.rows * n + p.cols
+    assert (np.diff(keys) > 0).all() and set(keys.tolist()) == set((rows * n + cols).tolist())
