@@ -18,6 +18,8 @@ import numpy as np
 
 from polygrad.ops import Op
 
+from . import parallel
+
 #: elements per temporary chunk in sparse kernels (nnz_chunk * F <= this)
 CHUNK_ELEMENTS = 1 << 22
 #: gathered elements per chunk in SpMM / SDDMM: small enough to stay in L2 cache, which measured
@@ -49,6 +51,13 @@ def _index_for(xp, index: tuple) -> tuple:
 
 
 def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
+    by_rows: Callable[[Callable[[int, int], None], Any, int, int], None]
+    if xp is np:  # numpy: row blocks balanced by nonzeros on polygrad's threads (same bits at any count)
+        by_rows = parallel.by_rows
+    else:
+        def by_rows(kernel, indptr, n, work):  # one device stream: the whole range at once
+            kernel(0, n)
+
     def pattern_arrays(pattern):
         return pattern.on(xp.__name__, xp.asarray)
 
@@ -131,9 +140,19 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         out = xp.full((n,) + values.shape[1:], fill, dtype=values.dtype)
         if values.shape[0] == 0:
             return out
-        starts = indptr[:-1]
-        nonempty = starts < indptr[1:]
-        out[nonempty] = ufunc.reduceat(values, starts[nonempty], axis=0)
+
+        def rows(r0: int, r1: int) -> None:  # each segment reduced whole, in order: same bits per block
+            lo, hi = int(indptr[r0]), int(indptr[r1])
+            if hi == lo:
+                return
+            starts = indptr[r0:r1]
+            nonempty = starts < indptr[r0 + 1:r1 + 1]
+            out[r0:r1][nonempty] = ufunc.reduceat(values[lo:hi], starts[nonempty] - lo, axis=0)
+
+        width = 1
+        for d in values.shape[1:]:
+            width *= d
+        by_rows(rows, indptr, n, values.shape[0] * width)
         return out
 
     def segment_sum(values, *, pattern):
@@ -150,9 +169,8 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         def take(x, idx, out):
             return xp.take(x, idx, axis=0, out=out)
 
-    def row_chunks(indptr, n: int, step: int):
-        """(r0, r1, lo, hi): consecutive whole-row blocks of about ``step`` nonzeros each."""
-        r0 = 0
+    def row_chunks(indptr, n: int, step: int, r0: int = 0):
+        """(r0, r1, lo, hi): consecutive whole-row blocks of about ``step`` nonzeros each, from row r0."""
         while r0 < n:
             lo = int(indptr[r0])
             r1 = int(xp.searchsorted(indptr, lo + step, side="right")) - 1
@@ -211,16 +229,20 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         p2 = xp.ascontiguousarray(p, dtype=dtype)
         q2 = xp.ascontiguousarray(q, dtype=dtype)
         step = max(1, SPARSE_CHUNK_ELEMENTS // f)
-        buf = xp.empty((step, f), dtype=dtype)
-        for r0, r1, lo, hi in row_chunks(indptr, n, step):
-            k = hi - lo
-            if k == 0:
-                continue
-            block = buf[:k] if k <= step else xp.empty((k, f), dtype=dtype)
-            take(q2, cols[lo:hi], block)
-            counts = indptr[r0 + 1:r1 + 1] - indptr[r0:r1]
-            block *= xp.repeat(p2[r0:r1], counts, axis=0)
-            block.sum(axis=1, out=out[lo:hi])
+
+        def rows(first: int, last: int) -> None:  # each nonzero's dot product whole: same bits per block
+            buf = xp.empty((step, f), dtype=dtype)
+            for r0, r1, lo, hi in row_chunks(indptr, last, step, first):
+                k = hi - lo
+                if k == 0:
+                    continue
+                block = buf[:k] if k <= step else xp.empty((k, f), dtype=dtype)
+                take(q2, cols[lo:hi], block)
+                counts = indptr[r0 + 1:r1 + 1] - indptr[r0:r1]
+                block *= xp.repeat(p2[r0:r1], counts, axis=0)
+                block.sum(axis=1, out=out[lo:hi])
+
+        by_rows(rows, indptr, n, nnz * f)
         return out
 
     k: dict[Op, Callable] = {

@@ -15,13 +15,14 @@ a third of a Cora-sized SpMM), on int32 copies of the pattern's indices made onc
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import _sparsetools
 
 import polygrad as pg
 from polygrad.array_pool import HOST_POOL
 from polygrad.backend import HOST_DLPACK_DEVICES
 from polygrad.ops import Op
+from polygrad.threads import run_blocks
 
+from . import parallel
 from .array_kernels import make_kernels
 
 #: large kernel outputs come from here and are reused once unreferenced (polygrad.array_pool)
@@ -55,16 +56,9 @@ def compiled_spmm(fallback):
         n, m = pattern.shape
         indptr, cols = sparsetools_indices(pattern)
         vals = np.ascontiguousarray(values, dtype=dtype)
-        if x.ndim == 1:
-            out = np.zeros(n, dtype=dtype)
-            if pattern.nnz:
-                _sparsetools.csr_matvec(n, m, indptr, cols, vals, np.ascontiguousarray(x, dtype=dtype), out)
-            return out
-        f = x.shape[1]
-        out = POOL.zeros((n, f), dtype)
-        if pattern.nnz and f:
-            x2 = np.ascontiguousarray(x, dtype=dtype)
-            _sparsetools.csr_matvecs(n, m, f, indptr, cols, vals, x2.ravel(), out.ravel())
+        # row blocks balanced by nonzeros, each zeroed and written by one thread (backends/parallel.py)
+        out = np.empty(n, dtype=dtype) if x.ndim == 1 else POOL.empty((n, x.shape[1]), dtype)
+        parallel.csr_spmm(n, m, indptr, cols, vals, np.ascontiguousarray(x, dtype=dtype), out)
         return out
 
     # Break-even densities (at F=16, at F=1433) below which this SpMM beats a dense matmul: those the
@@ -87,15 +81,15 @@ def compiled_spmm_vjp(sddmm):
             dtype = np.result_type(values.dtype, g.dtype)
             if dtype not in COMPILED_DTYPES:
                 raise NotImplementedError(f"compiled SpMM backward: no {dtype} kernel")
-            n, m = pattern.shape
+            m = pattern.shape[1]
             vals = np.ascontiguousarray(values, dtype=dtype)
             g2 = np.ascontiguousarray(g, dtype=dtype)
             f = 1 if g.ndim == 1 else g.shape[1]
-            out = POOL.zeros((m,) if g.ndim == 1 else (m, f), dtype)
-            if pattern.nnz and f:
-                # Aᵀ (m x n) stored column-major is exactly A's CSR: indptr over Aᵀ's columns
-                indptr, cols = sparsetools_indices(pattern)
-                _sparsetools.csc_matvecs(m, n, f, indptr, cols, vals, g2.ravel(), out.ravel())
+            out = np.empty(m, dtype=dtype) if g.ndim == 1 else POOL.empty((m, f), dtype)
+            # one thread: Aᵀ (m x n) stored column-major is exactly A's CSR, scipy's CSC kernel on it;
+            # more: Aᵀ's CSR in row blocks, the same bits (backends/parallel.py)
+            indptr, cols = sparsetools_indices(pattern)
+            parallel.transposed_spmm(pattern, indptr, cols, vals, g2, out)
             dx = out.astype(x.dtype, copy=False)
         return dvalues, dx
 
@@ -108,11 +102,15 @@ BLAS_SUM_MIN = 8192
 
 
 def leading_axes_sum(fallback):
-    """Sums over leading axes (a bias gradient: ``(N, F) -> (F,)``) as one BLAS product with ones.
+    """Sums over leading axes (a bias gradient: ``(N, F) -> (F,)``), bit-identical at any thread count.
 
     numpy reduces over a leading axis row by row, with a loop per row: 39 us for Cora's 2708 x 16
-    against 3 us for ``ones @ x`` (OpenBLAS's gemv, several accumulators per column, so no less
-    accurate).  Floating C-contiguous inputs only; everything else goes to ``fallback``.
+    against 3 us for ``ones @ x`` in BLAS.  But a multi-threaded BLAS splits a matrix-vector
+    product's sum between its threads (measured: other bits at 1 and 2 threads), so: a matrix
+    product with two rows of ones (a GEMM, which OpenBLAS splits by output element, never along
+    the summed axis: same bits at any thread count, tested) up to ``parallel.DENSE_PARALLEL_MIN``
+    elements (10 us on Cora's), and above it :func:`parallel.column_sums` (fixed row blocks summed
+    in parallel, then in block order).  Floating C-contiguous inputs only; else ``fallback``.
     """
 
     def reduce_sum(x, *, axes, keepdims):
@@ -121,10 +119,29 @@ def leading_axes_sum(fallback):
                 and x.dtype in COMPILED_DTYPES and x.flags.c_contiguous):
             return fallback(x, axes=axes, keepdims=keepdims)
         lead = x.size // int(np.prod(x.shape[k:], dtype=np.int64))
-        out = np.ones(lead, dtype=x.dtype) @ x.reshape(lead, -1)
+        x2 = x.reshape(lead, -1)
+        if x.size < parallel.DENSE_PARALLEL_MIN:
+            out = (np.ones((2, lead), dtype=x.dtype) @ x2)[0]
+        else:
+            out = parallel.column_sums(x2)
         return out.reshape((1,) * k + x.shape[k:] if keepdims else x.shape[k:])
 
     return reduce_sum
+
+
+def trailing_axes_reduce(fallback, reduce):
+    """Sums / maxima over axes that leave the first one (a softmax's row sums), by blocks of rows
+    in parallel when large; every output element reduced as the serial call does."""
+
+    def kernel(x, *, axes, keepdims):
+        if x.size < parallel.DENSE_PARALLEL_MIN or not axes or 0 in axes or x.dtype.kind not in "fc":
+            return fallback(x, axes=axes, keepdims=keepdims)
+        shape = tuple(1 if i in axes and keepdims else n for i, n in enumerate(x.shape)
+                      if keepdims or i not in axes)
+        out = POOL.empty(shape, x.dtype)
+        return parallel.reduce_trailing(reduce, x, axes, keepdims, out)
+
+    return kernel
 
 
 #: below this many elements np.where's branches are cheap enough (and its call overhead lower);
@@ -147,16 +164,28 @@ def branch_free_where(cond, a, b):
         return np.where(cond, a, b)
     shape = np.broadcast_shapes(cond.shape, a.shape, b.shape)
     ints = np.dtype(f"i{dt.itemsize}")
-    take_b = POOL.empty(cond.shape, ints)
-    take_b[...] = cond
-    take_b -= 1  # 0 where cond (take a), all bits set elsewhere (take b)
     bits_a, bits_b = a.view(ints), b.view(ints)
-    if a.ndim == 0 and not bits_a and take_b.shape == shape:  # where(cond, 0, b): one pass, in place
-        return np.bitwise_and(take_b, bits_b, out=take_b).view(dt)
-    picked_b = np.bitwise_and(take_b, bits_b)
-    np.invert(take_b, out=take_b)
-    out = np.bitwise_or(picked_b, np.bitwise_and(take_b, bits_a))
-    return np.broadcast_to(out, shape).copy().view(dt) if out.shape != shape else out.view(dt)
+    zero_a = a.ndim == 0 and not bits_a
+    out = POOL.empty(shape, ints)
+    lead, nd = (shape[0], len(shape)) if shape else (1, 0)
+
+    def block(r0: int, r1: int) -> None:
+        def part(v):
+            return v[r0:r1] if nd and v.ndim == nd and v.shape[0] == lead else v
+        o = out[r0:r1] if nd else out
+        o[...] = part(cond)
+        o -= 1  # 0 where cond (take a), all bits set elsewhere (take b)
+        if zero_a:  # where(cond, 0, b): one pass, in place
+            np.bitwise_and(o, part(bits_b), out=o)
+            return
+        picked_b = np.bitwise_and(o, part(bits_b))
+        np.invert(o, out=o)
+        np.bitwise_and(o, part(bits_a), out=o)
+        np.bitwise_or(o, picked_b, out=o)
+
+    threads = parallel.threads_for(out.size, parallel.DENSE_PARALLEL_MIN)
+    run_blocks(block, parallel.even_blocks(lead, parallel.blocks_for(threads)) if nd else [(0, 1)], threads)
+    return out.view(dt)
 
 
 def pooled_ufunc(ufunc):
@@ -168,7 +197,7 @@ def pooled_ufunc(ufunc):
     def pooled(*arrays):
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
         dtype = resolve(tuple(a.dtype for a in arrays) + (None,))[-1]
-        return ufunc(*arrays, out=POOL.empty(shape, dtype))
+        return parallel.elementwise(ufunc, arrays, POOL.empty(shape, dtype))
 
     # one size test per call on the small-array path (Cora-sized steps call these ~40 times)
     if ufunc.nin == 1:
@@ -193,7 +222,7 @@ def relu(x):
 def pooled_relu(x):
     if x.size < POOL_MIN_ELEMENTS:
         return relu(x)
-    return np.maximum(x, np.zeros((), dtype=x.dtype), out=POOL.empty(x.shape, x.dtype))
+    return parallel.elementwise(np.maximum, (x, np.zeros((), dtype=x.dtype)), POOL.empty(x.shape, x.dtype))
 
 
 pooled_relu.polygrad_small = (pooled_relu, relu, POOL_MIN_ELEMENTS)  # type: ignore[attr-defined]
@@ -250,7 +279,9 @@ class NumpyBackend(pg.Backend):
         self.kernels[(Op.SPMM, "csr")] = compiled_spmm(self.kernels[(Op.SPMM, "csr")])
         self.vjp_kernels[(Op.SPMM, "csr")] = compiled_spmm_vjp(self.kernels[(Op.SDDMM, "csr")])
         self.kernels[(Op.WHERE, "dense")] = branch_free_where
-        self.kernels[(Op.SUM, "dense")] = leading_axes_sum(self.kernels[(Op.SUM, "dense")])
+        self.kernels[(Op.SUM, "dense")] = leading_axes_sum(
+            trailing_axes_reduce(self.kernels[(Op.SUM, "dense")], np.add.reduce))
+        self.kernels[(Op.MAX, "dense")] = trailing_axes_reduce(self.kernels[(Op.MAX, "dense")], np.maximum.reduce)
         for op in POOLED_UFUNCS:
             self.kernels[(op, "dense")] = pooled_ufunc(self.kernels[(op, "dense")])
         self.kernels[(Op.RELU, "dense")] = pooled_relu

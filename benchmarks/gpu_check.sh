@@ -15,6 +15,11 @@
 #   6. python -m benchmarks gcn / sparse on cupy (POLYGRAD_BACKEND=cupy, plus --backend cupy when
 #      the harness has that flag), --quick
 #   7. the rest of tests/backends restricted to the cupy parametrisation (-k cupy)
+#   8. CPU scaling table (the device machine has 16 cores; issue 21): python -m benchmarks scale
+#      --threads 1,2,4,8,16 on an R-MAT graph, polygrad vs torch.sparse CSR (and PyG when installed),
+#      sized by GPU_CHECK_SCALE_NODES / GPU_CHECK_SCALE_EDGES (default 200,000 / 2,000,000 so that
+#      it fits the budget left; the Done-when size is 1,000,000 / 10,000,000), run whether or
+#      not cupy is usable
 #
 # Data: Cora is read from $POLYGRAD_PLANETOID_DIR, else from .device_data/planetoid in this
 # checkout (git-ignored: copy ../shared/data/planetoid there and name .device_data in the run's
@@ -234,6 +239,16 @@ print("" if info is not None and info.available else (info.reason if info else "
             "${ALLOW_EMPTY[@]}" "$PY" -m pytest tests/backends --ignore=tests/backends/test_cupy.py -q -rs \
             -p no:cacheprovider -k cupy
     fi
+
+    # the CPU scaling table: one process per system and thread count (benchmarks/scale_bench.py)
+    local counts="1,2,4,8,16" nproc_here
+    nproc_here=$(nproc 2>/dev/null || echo 1)
+    if (( nproc_here < 16 )); then counts=$("$PY" -c "import sys; n=int(sys.argv[1]); print(','.join(str(c) for c in (1,2,4,8,16) if c <= n))" "$nproc_here"); fi
+    local scale_systems="polygrad,torch-csr"
+    if "$PY" -c "import torch_geometric" >/dev/null 2>&1; then scale_systems="$scale_systems,pyg"; fi
+    step "CPU scaling table (scale --threads $counts --graph rmat)" 240 "$PY" -m benchmarks scale \
+        --threads "$counts" --graph rmat --systems "$scale_systems" --epochs 3 \
+        --nodes "${GPU_CHECK_SCALE_NODES:-200000}" --edges "${GPU_CHECK_SCALE_EDGES:-2000000}"
 
     echo; echo "=== summary ($(( $(date +%s) - START ))s of ${BUDGET}s) ==="
     printf '%s\n' "${SUMMARY[@]}"

@@ -37,6 +37,7 @@ from .monitor import monitor
 from .draw import draw_graph
 from .checkpoint import load, save
 from .compile import compile  # noqa: A004 - pg.compile, like torch.compile
+from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
@@ -61,4 +62,5 @@ __all__ = [
     "zeros_like", "save", "load", "materialize", "monitor", "draw_graph", "compile", "get_kernel", "kernel_table",
     "rng", "maybe_sparsify_for_matmul", *_sparse_all,
     "elu", "gelu", "leaky_relu", "softplus", "edge_softmax", "gather", "scatter", "sddmm",
+    "get_num_threads", "set_num_threads",
 ]

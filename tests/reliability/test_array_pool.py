@@ -2,7 +2,8 @@
 
 Attacks: every way a caller can keep a view of a pooled array alive (slices, transposes, a
 memoryview, DLPack, a tensor, a user's ``t.numpy()``), threads allocating at once, stale contents
-after reuse, an address-space limit that idle buffers would exhaust, and the switch to turn it off.
+after reuse, an address-space limit that idle buffers would exhaust, sizes that keep changing,
+and the switch to turn it off.
 """
 from __future__ import annotations
 
@@ -17,17 +18,18 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.array_pool import HOST_POOL, ArrayPool, refcounts_are_exact
+from polygrad.array_pool import HOST_POOL, ArrayPool
 
 from ._limited import run_limited
-
-pytestmark = pytest.mark.skipif(not refcounts_are_exact(), reason="the pool needs exact reference counts")
 
 SMALL_MIN = 1 << 12  # a test pool pools arrays of 4 KiB and up
 
 
 def _buffer(a: np.ndarray) -> np.ndarray:
-    return a.base if a.base is not None else a
+    """The pool's buffer under a handed-out array (view -> asarray -> owner -> buffer)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return getattr(a, "buffer", a)
 
 
 def test_small_arrays_are_not_pooled():
@@ -222,7 +224,7 @@ def test_buffers_of_sizes_no_longer_used_are_given_back():
         a = pool.empty((1024 + 8 * step,), np.float64)
         b = pool.empty((1024 + 8 * step,), np.float64)
         del a, b
-    assert len(pool._buffers) <= 2 * (array_pool_evict() + 1)
+    assert pool.idle_buffers() <= 2 * (array_pool_evict() + 1)
     # a steady loop keeps its buffers: no misses, nothing aged
     steady = ArrayPool(min_bytes=SMALL_MIN)
     for _ in range(50):
@@ -253,37 +255,39 @@ a = (x * 2.0).numpy()
 b = (x * 5.0).numpy()
 sys.settrace(None)
 c = (x * 7.0).numpy()
-print(HOST_POOL._idle_refs, bool(np.shares_memory(a, b) or np.shares_memory(a, c)), float(a[0]), float(b[0]))
+print(bool(np.shares_memory(a, b) or np.shares_memory(a, c)), float(a[0]), float(b[0]))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
-    idle, shared, a0, b0 = res.stdout.split()
+    shared, a0, b0 = res.stdout.split()
     assert shared == "False" and float(a0) == 2.0 and float(b0) == 5.0
 
 
 def test_an_allocation_made_while_the_pool_holds_its_lock_does_not_deadlock(monkeypatch):
-    # a finalizer run by a garbage collection inside the pool (or a signal handler) may allocate:
-    # simulated deterministically by allocating from inside the pool's own bookkeeping
+    # a finalizer run by a garbage collection inside the pool (or a signal handler) may allocate
+    # or give a buffer back: simulated deterministically from inside the pool's own allocation
     from polygrad import array_pool
 
     pool = ArrayPool(min_bytes=SMALL_MIN)
-    first = pool.empty((1024,), np.float64)
-    del first
     inner: list = []
-    real_forget = array_pool.sharing.forget
+    real_allocate = array_pool._allocate
+    given_back = [pool.empty((512,), np.float64)]
 
-    def forget(root):
-        real_forget(root)
+    def allocate(nbytes):
         if not inner:
-            inner.append(pool.empty((1024,), np.float64))  # re-enters, under the lock
+            inner.append(None)
+            inner[0] = pool.empty((2048,), np.float64)  # re-enters, under the lock
+            given_back.clear()                          # a buffer given back, under the lock
+        return real_allocate(nbytes)
 
-    monkeypatch.setattr(array_pool.sharing, "forget", forget)
+    monkeypatch.setattr(array_pool, "_allocate", allocate)
     outer: list = []
     worker = threading.Thread(target=lambda: outer.append(pool.empty((1024,), np.float64)), daemon=True)
     worker.start()
     worker.join(30)
     assert not worker.is_alive(), "the pool deadlocked on a re-entrant allocation"
     assert outer and inner and not np.shares_memory(outer[0], inner[0])
+    assert pool.idle_bytes() == 512 * 8  # the buffer given back under the lock is idle
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -335,3 +339,77 @@ def test_a_reused_buffer_is_no_longer_marked_shared():
     del a
     b = pool.empty((1024,), np.float64)
     assert pool.hits == 1 and not sharing.is_shared(b)
+
+
+def test_a_buffer_returns_when_its_last_view_dies_and_not_before():
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((64, 64), np.float64)
+    views = [a[1:], a.T, memoryview(a), np.from_dlpack(a)]
+    del a
+    assert pool.idle_bytes() == 0
+    while views:
+        assert pool.idle_bytes() == 0  # some view still reaches the memory
+        views.pop()
+    assert pool.idle_bytes() == 64 * 64 * 8 and pool.pooled_bytes() == 64 * 64 * 8
+
+
+def test_a_torch_tensor_keeps_its_buffer_busy():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    a = pool.empty((1024,), np.float32)
+    a[...] = 3.0
+    t = torch.from_numpy(a)
+    del a
+    b = pool.empty((1024,), np.float32)
+    b[...] = -1.0
+    assert pool.idle_bytes() == 0 and float(t.sum()) == 3.0 * 1024
+    del t
+    assert pool.idle_bytes() == 4096
+
+
+def test_sizes_that_keep_changing_keep_the_peak_within_1_2x_of_no_pool():
+    # issue 26's case, scaled down: 40 outputs of 120-240 units, a few alive at a time; the pool's
+    # peak (in use + idle) stays within 1.2x of the peak in use (what a process without it holds)
+    from polygrad import array_pool
+
+    pool = ArrayPool(min_bytes=SMALL_MIN)
+    rng = np.random.default_rng(0)
+    live: list = []
+    peak_in_use = peak_total = 0
+    unit = 1 << 10  # float64 elements
+    for _ in range(40):
+        live.append(pool.empty((int(rng.integers(120, 241)) * unit,), np.float64))
+        in_use = sum(x.nbytes for x in live)
+        peak_in_use = max(peak_in_use, in_use)
+        peak_total = max(peak_total, pool.pooled_bytes())
+        if len(live) > 3:
+            live.pop(0)
+    assert peak_total <= (1 + array_pool.CHURN_IDLE_FRACTION) * peak_in_use
+    last = sum(x.nbytes for x in live)
+    del live
+    # after the loop only the last live set sits idle (what the next step of the same sizes needs)
+    assert pool.idle_buffers() <= 4 and pool.idle_bytes() <= last + array_pool.CHURN_IDLE_FRACTION * peak_in_use
+
+
+def test_idle_memory_is_bounded_by_the_cgroup_limit(tmp_path, monkeypatch):
+    from polygrad import array_pool
+
+    (tmp_path / "memory.max").write_text("1073741824\n")      # cgroup v2: 1 GiB
+    (tmp_path / "memory.current").write_text("805306368\n")   # 768 MiB used
+    assert array_pool.memory_limit_bytes(str(tmp_path)) <= 1 << 30
+    assert array_pool.available_memory_bytes(str(tmp_path)) <= 256 << 20
+    (tmp_path / "memory.max").write_text("max\n")              # no limit: the system's figures
+    assert array_pool.memory_limit_bytes(str(tmp_path)) == array_pool.psutil.virtual_memory().total
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(1 << 29) + "\n")
+    (v1 / "memory.usage_in_bytes").write_text(str(1 << 28) + "\n")
+    assert array_pool.available_memory_bytes(str(tmp_path / "v1")) <= 1 << 28
+
+
+def test_the_pool_does_not_poll_reference_counts():
+    import inspect
+
+    from polygrad import array_pool
+
+    assert "getrefcount" not in inspect.getsource(array_pool)

@@ -126,3 +126,124 @@ def _race_freed_graph():
                 r = (r * 0.5).tanh() + ref
             r.sum().backward()
             np.testing.assert_allclose(x.grad.numpy(), 2 * ref.grad.numpy())
+
+
+# -- pg.set_num_threads: the setting, its validation, the default, fork safety (issue 21) -----------
+
+def test_set_num_threads_round_trips_and_refuses_bad_counts():
+    from polygrad.threads import ThreadCountError
+
+    before = pg.get_num_threads()
+    try:
+        pg.set_num_threads(3)
+        assert pg.get_num_threads() == 3
+        pg.set_num_threads(np.int64(1))  # any integer type
+        assert pg.get_num_threads() == 1
+        for bad in (0, -2, 2.0, "2", True, None):
+            with pytest.raises(ThreadCountError, match="pg.set_num_threads: the thread count must be an integer"):
+                pg.set_num_threads(bad)
+        assert pg.get_num_threads() == 1  # a refused value changes nothing
+        assert issubclass(ThreadCountError, pg.errors.PolygradError) and issubclass(ThreadCountError, ValueError)
+    finally:
+        pg.set_num_threads(before)
+
+
+def _python(code: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    return res
+
+
+def test_the_environment_variable_sets_the_count_and_a_bad_one_is_named():
+    ok = _python("import polygrad as pg; print(pg.get_num_threads())", POLYGRAD_NUM_THREADS="3")
+    assert ok.returncode == 0 and ok.stdout.strip() == "3", ok.stderr
+    bad = _python("import polygrad as pg; pg.get_num_threads()", POLYGRAD_NUM_THREADS="many")
+    assert bad.returncode != 0 and "POLYGRAD_NUM_THREADS='many'" in bad.stderr
+
+
+def test_the_default_is_the_cores_the_process_may_use(tmp_path):
+    import os
+
+    from polygrad.threads import available_cores
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    (tmp_path / "cpu.max").write_text("max 100000\n")           # cgroup v2, no quota
+    assert available_cores(str(tmp_path)) == affinity
+    (tmp_path / "cpu.max").write_text("150000 100000\n")        # 1.5 CPUs: rounded up
+    assert available_cores(str(tmp_path)) == min(affinity, 2)
+    (tmp_path / "cpu.max").write_text("50000 100000\n")         # half a CPU: still one thread
+    assert available_cores(str(tmp_path)) == 1
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")    # cgroup v1: one CPU
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert available_cores(str(v1)) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")        # v1, no quota
+    assert available_cores(str(v1)) == affinity
+    assert available_cores(str(tmp_path / "missing")) == affinity
+
+
+def test_blas_follows_the_setting():
+    from polygrad.threads import _loaded_openblas, set_blas_threads
+
+    if not _loaded_openblas():
+        pytest.skip("no OpenBLAS loaded in this process (numpy built against another BLAS)")
+    assert set_blas_threads(1) >= 1
+
+
+def test_a_block_that_raises_reraises_in_the_caller_after_the_others_finish():
+    from polygrad.threads import run_blocks
+
+    done = []
+
+    def block(i):
+        if i == 3:
+            raise KeyError("block 3")
+        done.append(i)
+
+    with pytest.raises(KeyError, match="block 3"):
+        run_blocks(block, [(i,) for i in range(8)], threads=2)
+    assert 3 not in done
+
+
+def test_a_child_forked_after_the_pool_started_runs_parallel_kernels():
+    import os
+    import warnings
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    from polygrad.backends import parallel
+    from polygrad.threads import run_blocks
+
+    run_blocks(lambda i: None, [(i,) for i in range(4)], threads=2)  # the pool's threads exist now
+    n = parallel.DENSE_PARALLEL_MIN
+    x = pg.tensor(np.arange(n, dtype=np.float32))
+    want = (x * 2.0).numpy().copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: its copy of the pool has no threads; a new pool must be made
+        code = 1
+        try:
+            pg.set_num_threads(2)
+            ok = np.array_equal((x * 2.0).numpy(), want)
+            hits = []
+            run_blocks(lambda i: hits.append(i), [(i,) for i in range(6)], threads=2)
+            code = 0 if ok and sorted(hits) == list(range(6)) else 1
+        finally:
+            os._exit(code)
+    import time
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on polygrad's thread pool")

@@ -1,0 +1,264 @@
+"""The numpy backend's parallel kernels give the same bits at 1, 2, 3 and 7 threads.
+
+The size thresholds below which kernels stay serial are set to zero here (``force_parallel``), so
+the small generated inputs go through the blocked, multi-threaded code; a spy checks that the
+kernels really hand out more than one block.  Patterns: power-law (Graph500's R-MAT), uniform,
+with empty rows, with one row holding most of the nonzeros.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import polygrad as pg
+from polygrad.backends import parallel
+from polygrad.ops import Op
+from polygrad.pattern import Pattern
+from polygrad.registry import registry
+
+THREAD_COUNTS = (1, 2, 3, 7)
+
+
+@pytest.fixture
+def force_parallel(monkeypatch):
+    monkeypatch.setattr(parallel, "SPARSE_PARALLEL_MIN", 0)
+    monkeypatch.setattr(parallel, "DENSE_PARALLEL_MIN", 0)
+    monkeypatch.setattr(parallel, "COLUMN_SUM_ROWS", 7)
+    blocks: list[int] = []
+    real = parallel.run_blocks
+
+    def spy(fn, items, threads=None):
+        items = list(items)
+        blocks.append(len(items))
+        return real(fn, items, threads)
+
+    monkeypatch.setattr(parallel, "run_blocks", spy)
+    before = pg.get_num_threads()
+    yield blocks
+    pg.set_num_threads(before)
+
+
+def _numpy():
+    return registry.get("numpy")
+
+
+def rmat_edges(rng: np.random.Generator, scale: int, edges: int, probs=(0.57, 0.19, 0.19, 0.05)):
+    """Graph500's R-MAT generator: each edge picks a quadrant per bit of its endpoints."""
+    rows = np.zeros(edges, dtype=np.int64)
+    cols = np.zeros(edges, dtype=np.int64)
+    cum = np.cumsum(probs)
+    for bit in range(scale):
+        q = np.searchsorted(cum, rng.random(edges), side="right")
+        rows |= (q >> 1).astype(np.int64) << bit
+        cols |= (q & 1).astype(np.int64) << bit
+    return rows, cols
+
+
+@st.composite
+def patterns(draw):
+    kind = draw(st.sampled_from(["rmat", "uniform", "empty_rows", "huge_row"]))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    if kind == "rmat":
+        scale = draw(st.integers(3, 9))
+        n = m = 1 << scale
+        rows, cols = rmat_edges(rng, scale, draw(st.integers(0, 8 * n)))
+    else:
+        n = draw(st.integers(1, 300))
+        m = draw(st.integers(1, 300))
+        nnz = draw(st.integers(0, 6 * max(n, m)))
+        rows, cols = rng.integers(0, n, nnz), rng.integers(0, m, nnz)
+        if kind == "empty_rows":
+            keep = rows % 3 != 0  # every third row empty
+            rows, cols = rows[keep], cols[keep]
+        elif kind == "huge_row":
+            extra = draw(st.integers(0, 20 * m))
+            rows = np.concatenate([rows, np.full(extra, n // 2)])
+            cols = np.concatenate([cols, rng.integers(0, m, extra)])
+    pattern, _, _ = Pattern.from_coo((n, m), rows, cols)
+    return pattern, rng
+
+
+def _same_bits(results: list) -> bool:
+    first = results[0]
+    return all(np.array_equal(np.asarray(r).view(np.uint8), np.asarray(first).view(np.uint8)) and
+               np.asarray(r).shape == np.asarray(first).shape for r in results)
+
+
+def _at_each_count(fn) -> list:
+    out = []
+    for n in THREAD_COUNTS:
+        pg.set_num_threads(n)
+        out.append(np.array(fn(), copy=True))
+    return out
+
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FAST
+@given(patterns(), st.sampled_from([np.float32, np.float64]), st.sampled_from([0, 1, 3, 16]))
+def test_spmm_forward_and_fused_backward_are_bit_identical(force_parallel, case, dtype, f):
+    pattern, rng = case
+    n, m = pattern.shape
+    values = rng.standard_normal(pattern.nnz).astype(dtype)
+    x = rng.standard_normal((m, f) if f else m).astype(dtype)      # f = 0: a vector
+    g = rng.standard_normal((n, f) if f else n).astype(dtype)
+    be = _numpy()
+    spmm = be.kernels[(Op.SPMM, "csr")]
+    vjp = be.vjp_kernels[(Op.SPMM, "csr")]
+    assert _same_bits(_at_each_count(lambda: spmm(values, x, pattern=pattern)))
+    assert _same_bits(_at_each_count(lambda: vjp(g, values, x, needs=(False, True), pattern=pattern)[1]))
+    assert _same_bits(_at_each_count(lambda: vjp(g, values, x, needs=(True, False), pattern=pattern)[0]))
+    # and they are the right numbers
+    dense = np.zeros((n, m))
+    dense[pattern.rows, pattern.cols] = values
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(spmm(values, x, pattern=pattern), dense @ x, rtol=tol, atol=tol)
+    np.testing.assert_allclose(vjp(g, values, x, needs=(False, True), pattern=pattern)[1], dense.T @ g,
+                               rtol=tol, atol=tol)
+
+
+@FAST
+@given(patterns(), st.sampled_from([(), (3,), (2, 5)]))
+def test_sddmm_and_segment_reductions_are_bit_identical(force_parallel, case, trailing):
+    pattern, rng = case
+    n, m = pattern.shape
+    be = _numpy()
+    p = rng.standard_normal((n, 8)).astype(np.float32)
+    q = rng.standard_normal((m, 8)).astype(np.float32)
+    assert _same_bits(_at_each_count(lambda: be.kernels[(Op.SDDMM, "csr")](p, q, pattern=pattern)))
+    values = rng.standard_normal((pattern.nnz,) + trailing)
+    for op in (Op.SEGMENT_SUM, Op.SEGMENT_MAX):
+        results = _at_each_count(lambda: be.kernels[(op, "csr")](values, pattern=pattern))
+        assert _same_bits(results)
+    sums = be.kernels[(Op.SEGMENT_SUM, "csr")](values, pattern=pattern)
+    want = np.zeros((n,) + trailing)
+    np.add.at(want, pattern.rows, values)
+    np.testing.assert_allclose(sums, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_kernels_really_hand_out_blocks(force_parallel):
+    rng = np.random.default_rng(0)
+    pattern, _, _ = Pattern.from_coo((200, 200), rng.integers(0, 200, 2000), rng.integers(0, 200, 2000))
+    be = _numpy()
+    pg.set_num_threads(2)
+    force_parallel.clear()
+    be.kernels[(Op.SPMM, "csr")](np.ones(pattern.nnz), np.ones((200, 4)), pattern=pattern)
+    be.vjp_kernels[(Op.SPMM, "csr")](np.ones((200, 4)), np.ones(pattern.nnz), np.ones((200, 4)),
+                                     needs=(True, True), pattern=pattern)
+    assert len(force_parallel) == 3 and min(force_parallel) > 1
+
+
+ELEMENTWISE_N = 1 << 20  # the pooled (and so parallel) kernels start at the array pool's threshold
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_kernels_are_bit_identical(force_parallel, dtype):
+    rng = np.random.default_rng(1)
+    rows = ELEMENTWISE_N // 64
+    a = rng.standard_normal((rows, 64)).astype(dtype)
+    b = rng.standard_normal((rows, 64)).astype(dtype)
+    bias = rng.standard_normal(64).astype(dtype)
+    cond = rng.random((rows, 64)) < 0.5
+    k = _numpy().kernels
+    cases = {
+        "add": lambda: k[(Op.ADD, "dense")](a, b),
+        "add_broadcast": lambda: k[(Op.ADD, "dense")](a, bias),
+        "mul": lambda: k[(Op.MUL, "dense")](a, b),
+        "exp": lambda: k[(Op.EXP, "dense")](a),
+        "relu": lambda: k[(Op.RELU, "dense")](a),
+        "where_zero": lambda: k[(Op.WHERE, "dense")](cond, np.zeros((), dtype), b),
+        "where": lambda: k[(Op.WHERE, "dense")](cond, a, b),
+        "sum_rows": lambda: k[(Op.SUM, "dense")](a, axes=(1,), keepdims=True),
+        "max_rows": lambda: k[(Op.MAX, "dense")](a, axes=(1,), keepdims=False),
+        "sum_columns": lambda: k[(Op.SUM, "dense")](a, axes=(0,), keepdims=False),
+    }
+    for name, fn in cases.items():
+        results = _at_each_count(fn)
+        assert _same_bits(results), name
+    np.testing.assert_array_equal(cases["where"](), np.where(cond, a, b))
+    np.testing.assert_allclose(cases["sum_rows"](), a.sum(axis=1, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(cases["max_rows"](), a.max(axis=1))
+    np.testing.assert_allclose(cases["sum_columns"](), a.sum(axis=0, dtype=np.float64), rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(2708, 16), (3000, 7), (40_000, 8)])
+def test_bias_gradient_sum_is_bit_identical_below_the_parallel_size(shape):
+    # the two-row GEMM path (BLAS threads follow pg.set_num_threads): same bits at any count
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(shape).astype(np.float32)
+    before = pg.get_num_threads()
+    try:
+        got = _at_each_count(lambda: _numpy().kernels[(Op.SUM, "dense")](x, axes=(0,), keepdims=False))
+    finally:
+        pg.set_num_threads(before)
+    assert _same_bits(got)
+    np.testing.assert_allclose(got[0], x.sum(axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
+
+
+def _train_gcn(counts: list[int]) -> list[float]:
+    """A small GCN trained one step per thread count in ``counts`` (the count changes between steps)."""
+    import polygrad.nn as nn
+    import polygrad.optim as optim
+
+    rng = np.random.default_rng(3)
+    n = 400
+    rows, cols = rmat_edges(rng, 9, 3000)
+    keep = (rows < n) & (cols < n)
+    edge_index = np.stack([rows[keep], cols[keep]])
+    x = pg.tensor(rng.standard_normal((n, 32)).astype(np.float32))
+    y = rng.integers(0, 4, n)
+    pg.manual_seed(0)
+    model = nn.GCN(32, 16, 4, dropout=0.5)
+    opt = optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for count in counts:
+        pg.set_num_threads(count)
+        loss = pg.cross_entropy(model(x, edge_index), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_gcn_training_is_bit_identical_at_any_thread_count_even_when_it_changes(force_parallel):
+    one = _train_gcn([1] * 4)
+    assert _train_gcn([2] * 4) == one
+    assert _train_gcn([1, 2, 7, 3]) == one
+    assert min(force_parallel) >= 1 and max(force_parallel) > 1  # parallel blocks were used
+
+
+@FAST
+@given(st.integers(0, 2**31), st.sampled_from(["rmat", "uniform", "huge_row"]), st.integers(1, 3000))
+def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, edges):
+    from polygrad import pattern as pattern_module
+
+    monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
+    rng = np.random.default_rng(seed)
+    n = 256
+    if kind == "rmat":
+        rows, cols = rmat_edges(rng, 8, edges)
+    else:
+        rows, cols = rng.integers(0, n, edges), rng.integers(0, n, edges)
+        if kind == "huge_row":
+            rows[: edges // 2] = 7
+    before = pg.get_num_threads()
+    try:
+        built = []
+        for count in THREAD_COUNTS:
+            pg.set_num_threads(count)
+            p, perm, slot = Pattern.from_coo((n, n), rows, cols)
+            built.append((p.indptr, p.cols, perm, slot))
+    finally:
+        pg.set_num_threads(before)
+    for other in built[1:]:
+        for a, b in zip(built[0], other):
+            assert (a is None and b is None) or np.array_equal(a, b)
+    # canonical: sorted by (row, col), no repeats
+    p = Pattern.from_coo((n, n), rows, cols)[0]
+    keys = p.rows * n + p.cols
+    assert (np.diff(keys) > 0).all() and set(keys.tolist()) == set((rows * n + cols).tolist())
