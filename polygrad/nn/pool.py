@@ -11,16 +11,28 @@ from typing import Any
 
 import numpy as np
 
+from polygrad.errors import SparseIndexError
 from polygrad.graph_ops import scatter
 from polygrad.tensor import Tensor
 
 __all__ = ["global_add_pool", "global_mean_pool", "global_max_pool"]
 
 
+def _checked_batch(op: str, batch: Any) -> Any:
+    """``batch`` with no negative graph id: a negative id would index rows from the end (add pool:
+    silently into the last graph) or fail deep inside numpy (mean/max pool)."""
+    ids = batch.numpy() if isinstance(batch, Tensor) else np.asarray(batch)
+    if ids.size and ids.dtype.kind == "i" and ids.min() < 0:
+        bad = int(np.flatnonzero(ids.reshape(-1) < 0)[0])
+        raise SparseIndexError(f"{op}: batch[{bad}] = {ids.reshape(-1)[bad]} is negative; batch[i] is the "
+                               "graph id (>= 0) of node i")
+    return batch
+
+
 def _pool(x: Tensor, batch: Any, size: int | None, reduce: str) -> Tensor:
     if batch is None:  # one graph: all nodes
         batch = np.zeros(x.shape[0], dtype=np.int64)
-    return scatter(x, batch, size, reduce)
+    return scatter(x, _checked_batch(f"global_{'add' if reduce == 'sum' else reduce}_pool", batch), size, reduce)
 
 
 def global_add_pool(x: Tensor, batch: Any = None, size: int | None = None) -> Tensor:
