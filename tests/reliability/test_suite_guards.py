@@ -50,3 +50,16 @@ def test_found_the_test_files():
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_test_hides_a_broken_import_behind_a_skip(path):
     assert hiding_guards(path.read_text(encoding="utf-8")) == []
+
+
+def test_readme_and_ci_run_the_tests_in_random_order():
+    """The README's test command (which .ci/run runs) shuffles the tests: an order dependence
+    shows up as a failure with a printed seed, not as a test that passes only after another."""
+    readme = (REPO / "README.md").read_text()
+    first_bash = re.search(r"```bash\n(.*?)```", readme, flags=re.S).group(1)
+    test_command = [line for line in first_bash.splitlines() if "pytest" in line][0]
+    assert "python -m pytest -p randomly" in test_command
+    assert "python -m pytest -q -p randomly" in (REPO / ".ci" / "run").read_text()
+    # (a regex, not tomllib: Python 3.10 has none, and a skip there would hide this)
+    extra = re.search(r"^test = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), flags=re.M)
+    assert extra and '"pytest-randomly' in extra.group(1), "pytest-randomly is not in the test extra"
