@@ -61,7 +61,9 @@ def cluster_client(dask_plugin):
     numerical-gradient probe (more than 10 minutes on a busy machine, instead of seconds)."""
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    # HTTP endpoints on an OS-chosen loopback port: 8787 may be taken by another program
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
     client = Client(cluster, set_as_default=True, timeout=TIMEOUT)
     saved = dask_plugin.chunks.partitions, dask_plugin.chunks.min_block_rows
     dask_plugin.chunks.set_partitions(2)
