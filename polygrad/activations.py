@@ -14,7 +14,11 @@ not pick, and ``0 * inf`` would be nan, so the exponentials are taken of clamped
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
+
+from .errors import DTypeError
 from .tensor import Tensor, _floating, where
 
 __all__ = ["leaky_relu", "elu", "gelu", "softplus", "erf"]
@@ -22,8 +26,19 @@ __all__ = ["leaky_relu", "elu", "gelu", "softplus", "erf"]
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """``x`` where ``x > 0``, else ``negative_slope * x`` (``torch.nn.functional.leaky_relu``)."""
+    _check_args("leaky_relu", x, negative_slope=negative_slope)
     x = _floating(x)
     return where(x > 0, x, x * negative_slope)
+
+
+def _check_args(op: str, x: Any, **numbers: Any) -> None:
+    """A DTypeError naming the argument when ``x`` is not a Tensor or a parameter is not a real
+    number (instead of an AttributeError deep inside, or a string broadcast into the graph)."""
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{op}: x must be a polygrad Tensor, got {type(x).__name__} {x!r:.60}")
+    for name, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise DTypeError(f"{op}: {name} must be a real number, got {type(value).__name__} {value!r:.60}")
 
 
 def _nonpositive(x: Tensor) -> Tensor:
@@ -33,6 +48,7 @@ def _nonpositive(x: Tensor) -> Tensor:
 
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)`` (``torch.nn.functional.elu``)."""
+    _check_args("elu", x, alpha=alpha)
     x = _floating(x)
     return where(x > 0, x, (_nonpositive(x).exp() - 1.0) * alpha)
 
@@ -45,6 +61,7 @@ def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     it).  For very negative inputs the result underflows to 0 where ``log1p`` would keep about
     ``exp(z)`` (below 1e-16 in absolute terms); the gradient stays right.
     """
+    _check_args("softplus", x, beta=beta, threshold=threshold)
     x = _floating(x)
     z = x * beta if beta != 1.0 else x
     positive = z > 0
@@ -72,6 +89,7 @@ def _erfc(z: Tensor) -> Tensor:
 
 def erf(x: Tensor) -> Tensor:
     """The error function, as a composite (fractional error of ``1 - erf`` below 1.2e-7)."""
+    _check_args("erf", x)
     return 1.0 - _erfc(_floating(x))
 
 
@@ -82,6 +100,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     above (agrees with PyTorch's exact gelu to ~1e-7 relative); ``"tanh"`` is PyTorch's tanh
     approximation, reproduced exactly.
     """
+    _check_args("gelu", x)
     x = _floating(x)
     if approximate == "tanh":
         inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)

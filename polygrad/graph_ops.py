@@ -180,9 +180,11 @@ def _index(op: str, index: Any, size: int | None = None) -> np.ndarray:
     if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
         raise SparseIndexError(f"{op}: index must be a 1-D integer array, got {idx.dtype} {idx.shape}")
     idx = idx.astype(np.int64, copy=False)
-    if size is not None and idx.size and (idx.min() < 0 or idx.max() >= size):
-        bad = int(np.flatnonzero((idx < 0) | (idx >= size))[0])
-        raise SparseIndexError(f"{op}: index[{bad}] = {idx[bad]} is out of range [0, {size})")
+    # checked with or without a size: a negative index would wrap to the last rows silently
+    if idx.size and (idx.min() < 0 or (size is not None and idx.max() >= size)):
+        bad = int(np.flatnonzero((idx < 0) | (idx >= (size if size is not None else np.iinfo(np.int64).max)))[0])
+        upper = size if size is not None else "inf"
+        raise SparseIndexError(f"{op}: index[{bad}] = {idx[bad]} is out of range [0, {upper})")
     return idx
 
 

@@ -28,14 +28,18 @@ from polygrad.tensor import Tensor, tensor
 __all__ = ["global_add_pool", "global_mean_pool", "global_max_pool"]
 
 
-def _batch_ids(x: Tensor, batch: Any) -> np.ndarray:
+def _batch_ids(op: str, x: Tensor, batch: Any) -> np.ndarray:
+    """``batch`` as int64 graph ids, refused when negative: a negative id would index rows from the
+    end (add pool: silently into the last graph) or fail deep inside numpy (mean/max pool)."""
     if batch is None:  # one graph: all nodes
         return np.zeros(x.shape[0], dtype=np.int64)
     ids = batch.numpy() if isinstance(batch, Tensor) else np.asarray(batch)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise SparseIndexError(f"global pool: batch must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+        raise SparseIndexError(f"{op}: batch must be a 1-D integer array, got {ids.dtype} {ids.shape}")
     if ids.size and int(ids.min()) < 0:
-        raise SparseIndexError(f"global pool: batch holds a negative graph id ({int(ids.min())})")
+        bad = int(np.flatnonzero(ids < 0)[0])
+        raise SparseIndexError(f"{op}: batch[{bad}] = {ids[bad]} is negative; batch[i] is the "
+                               "graph id (>= 0) of node i")
     return ids.astype(np.int64, copy=False)
 
 
@@ -59,9 +63,10 @@ def _sorted_pool(x: Tensor, ids: np.ndarray, size: int | None, mean: bool) -> Te
 
 
 def _pool(x: Tensor, batch: Any, size: int | None, reduce: str) -> Tensor:
+    op = f"global_{'add' if reduce == 'sum' else reduce}_pool"
     if not isinstance(x, Tensor):
-        raise ShapeError(f"global pool: x must be a polygrad tensor, got {type(x).__name__}")
-    ids = _batch_ids(x, batch)
+        raise ShapeError(f"{op}: x must be a polygrad tensor, got {type(x).__name__}")
+    ids = _batch_ids(op, x, batch)
     if reduce in ("sum", "mean"):
         out = _sorted_pool(x, ids, size, reduce == "mean")
         if out is not None:

@@ -756,7 +756,8 @@ def test_unknown_kernel_kind():
 def test_conformance_kit_passes_on_the_fake_gpu(fake_gpu, capsys):
     # the kit a third-party backend author runs: every kernel of the cupy backend (the CUDA
     # sources through the host compiler) against the scalar oracle, gradients included
-    conformance = pytest.importorskip("polygrad.testing.conformance")
+    from polygrad.testing import conformance
+
     rc = conformance.main(["cupy"])
     out = capsys.readouterr().out
     assert rc == 0, out

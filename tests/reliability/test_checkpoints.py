@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -226,15 +225,43 @@ def test_cleanup_spares_live_writers_and_other_files(tmp_path):
     assert other_target.exists() and lookalike.exists() and user_file.exists()
 
 
-def test_save_into_read_only_folder_still_raises_oserror_and_keeps_old(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root ignores folder permissions")
+def _leftover_temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("step, error", [
+    ("tempfile.mkstemp", PermissionError),   # a read-only folder (what chmod 0o500 does to non-root)
+    ("os.fsync", OSError),                   # a full disk, an I/O error while flushing
+    ("os.replace", PermissionError),         # the rename refused
+])
+def test_save_that_cannot_write_raises_oserror_and_keeps_old(tmp_path, monkeypatch, step, error):
+    """Each step of the atomic write failing (by monkeypatching, so it runs as root too, where
+    chmod makes nothing read-only): the OSError reaches the caller, the old file is intact, and
+    no temporary is left behind."""
+    import polygrad.checkpoint as checkpoint
+
     target = tmp_path / "model.npz"
     pg.save({"w": pg.zeros(2)}, target)
-    os.chmod(tmp_path, 0o500)
-    try:
-        with pytest.raises(OSError):
-            pg.save({"w": pg.ones(2)}, target)
-        assert pg.load(target)["w"].numpy().tolist() == [0.0, 0.0]
-    finally:
-        os.chmod(tmp_path, 0o700)
+    module, name = step.split(".")
+    owner = getattr(checkpoint, module)
+
+    def refuse(*args, **kwargs):
+        raise error(13, f"{step} refused (test)")
+
+    monkeypatch.setattr(owner, name, refuse)
+    with pytest.raises(OSError, match="refused"):
+        pg.save({"w": pg.ones(2)}, target)
+    monkeypatch.undo()
+    assert pg.load(target)["w"].numpy().tolist() == [0.0, 0.0]
+    assert _leftover_temporaries(tmp_path) == []
+
+
+def test_save_over_a_directory_raises_oserror_and_keeps_it(tmp_path):
+    """A target the OS really refuses, for root too: a non-empty directory in place of the file."""
+    target = tmp_path / "model.npz"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(OSError):
+        pg.save({"w": pg.ones(2)}, target)
+    assert (target / "keep.txt").read_text() == "mine"
+    assert _leftover_temporaries(tmp_path) == []

@@ -55,7 +55,6 @@ case("reconstruct", lambda: read_planetoid_file({str(files['reconstruct'])!r}, "
 
 def test_test_index_spanning_a_trillion_ids(tmp_path):
     """A test.index whose ids span 10^12 nodes: refused by the budget when the split is built."""
-    pytest.importorskip("polygrad.data")
     from tests.conftest import planetoid_dir
     root = planetoid_dir()
     if root is None:

@@ -15,7 +15,6 @@ import polygrad as pg
 from polygrad import checkpoint, nn
 from polygrad.errors import CheckpointError
 
-HAS_SPARSE = hasattr(pg, "sparse_coo")
 
 
 def _files(folder) -> list[str]:
@@ -215,7 +214,6 @@ def test_a_pickled_payload_is_refused_and_never_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "PWNED_BY_CHECKPOINT").exists()
 
 
-@pytest.mark.skipif(not HAS_SPARSE, reason="polygrad.sparse not available")
 def test_sparse_tensors_roundtrip(tmp_path):
     sp = pg.sparse_coo(np.array([[0, 2, 2], [1, 0, 2]]), np.array([1.0, -2.0, 0.0]), (3, 4),
                        dtype=pg.float64, requires_grad=True)

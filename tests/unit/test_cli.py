@@ -14,7 +14,6 @@ import polygrad as pg
 from polygrad import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HAS_SPARSE = hasattr(pg, "from_edge_index")
 
 
 def _last_json(out: str) -> dict:
@@ -83,7 +82,6 @@ def test_gcn_with_a_missing_data_folder_explains(capsys, tmp_path):
     assert "missing" in err and "ind.cora" in err
 
 
-@pytest.mark.skipif(not HAS_SPARSE, reason="polygrad.sparse not available")
 def test_demo_gcn_on_the_embedded_graph(capsys):
     assert cli.main(["demo", "gcn", "--epochs", "30", "--json", "--no-progress"]) == 0
     captured = capsys.readouterr()

@@ -18,8 +18,6 @@ from polygrad import demos
 from tests.conftest import planetoid_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HAS_SPARSE = hasattr(pg, "from_edge_index")
-needs_sparse = pytest.mark.skipif(not HAS_SPARSE, reason="polygrad.sparse not available")
 
 
 
@@ -83,7 +81,6 @@ def test_moons_plot_shows_the_boundary(tmp_path):
     assert res["plot"] == str(path) and path.read_bytes()[:4] == b"\x89PNG"
 
 
-@needs_sparse
 def test_gcn_demo_on_the_embedded_graph_with_runs_and_plot(tmp_path):
     plot = None
     try:
@@ -99,7 +96,6 @@ def test_gcn_demo_on_the_embedded_graph_with_runs_and_plot(tmp_path):
         assert Path(plot).read_bytes()[:4] == b"\x89PNG"
 
 
-@needs_sparse
 def test_gcn_features_are_sparse_and_first_layer_is_spmm():
     ds = demos.load_graph(None)
     x, _, _ = demos.graph_tensors(ds)
@@ -119,7 +115,6 @@ def test_moons_example_runs(capsys):
     assert final and int(final[0].split()[-1].rstrip("%")) >= 95
 
 
-@needs_sparse
 def test_gcn_example_runs_without_the_dataset(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["gcn_cora.py", str(tmp_path)])
     runpy.run_path(str(REPO_ROOT / "examples" / "gcn_cora.py"), run_name="__main__")
@@ -127,7 +122,6 @@ def test_gcn_example_runs_without_the_dataset(capsys, monkeypatch, tmp_path):
     assert "synthetic" in out and "test accuracy" in out
 
 
-@needs_sparse
 @needs_planetoid
 def test_gcn_on_cora_one_seed():
     res = demos.run_gcn(data=str(PLANETOID), dataset="cora", seed=0, progress=False)
@@ -135,7 +129,6 @@ def test_gcn_on_cora_one_seed():
 
 
 @pytest.mark.slow
-@needs_sparse
 @needs_planetoid
 @pytest.mark.parametrize("dataset, target", [("cora", 0.805), ("citeseer", 0.695)])
 def test_gcn_reference_accuracy_over_10_seeds(dataset, target):
@@ -143,7 +136,6 @@ def test_gcn_reference_accuracy_over_10_seeds(dataset, target):
     assert res["test_accuracy"] >= target, res["test_accuracies"]
 
 
-@needs_sparse
 def test_gcn_stores_mostly_zero_dense_features_sparse_once(monkeypatch):
     import polygrad.nn.gcn as gcn_mod
     from polygrad.nn.layers import dropout as real_dropout

@@ -315,7 +315,8 @@ def test_sparse_primitives(name, rows, cols, seed, layout, a, b, fit):
     only_polygrad_errors(lambda: SPARSE_OPS[name](p, a, b))
 
 
-SPARSE_CONSTRUCTORS = [name for name in ("sparse_coo", "sparse_csr", "from_edge_index") if hasattr(pg, name)]
+# plain names (a missing constructor is an AttributeError, not a skipped test)
+SPARSE_CONSTRUCTORS = ["sparse_coo", "sparse_csr", "from_edge_index"]
 int_lists = st.lists(st.lists(st.integers(-3, 6), max_size=5), max_size=3).map(_as_array)
 index_like = st.one_of(ragged, ragged_arrays, int_lists, st.lists(st.integers(-3, 6), max_size=6).map(np.array))
 values_like = st.one_of(ragged, ragged_arrays, st.lists(ELEMENTS, max_size=6).map(np.array), tensors())
@@ -323,9 +324,8 @@ sparse_shapes = st.one_of(weird_shapes, st.tuples(st.integers(-1, 5), st.integer
                           st.none())
 
 
-@pytest.mark.skipif(not SPARSE_CONSTRUCTORS, reason="polygrad.sparse does not expose its constructors yet")
 @settings(FUZZ, max_examples=EXAMPLES["sparse"])
-@given(name=st.sampled_from(SPARSE_CONSTRUCTORS or ["none"]), ptr=index_like, idx=index_like, values=values_like,
+@given(name=st.sampled_from(SPARSE_CONSTRUCTORS), ptr=index_like, idx=index_like, values=values_like,
        shape=sparse_shapes, layout=st.sampled_from(["csr", "coo", "auto"]),
        backend=BACKENDS, allow_nonfinite=st.booleans())
 def test_sparse_constructors(name, ptr, idx, values, shape, layout, backend, allow_nonfinite):
@@ -358,5 +358,20 @@ def test_backward_misuse(x, grad, retain, twice, create):
     only_polygrad_errors(run)
 
 
+def fuzz_tests() -> dict:
+    """This module's hypothesis tests and the settings hypothesis will run each with."""
+    return {name: fn._hypothesis_internal_use_settings for name, fn in sorted(globals().items())
+            if name.startswith("test_") and getattr(fn, "is_hypothesis_test", False)}
+
+
 def test_fuzz_budget_is_at_least_a_thousand_examples():
-    assert _SCALE < 1 or sum(EXAMPLES.values()) >= 1000
+    """The budget the tests *run with* (hypothesis' settings on each test, not the EXAMPLES table:
+    a test that forgets its @settings, or overrides max_examples, lowers it), and FUZZ's
+    deadline/database on every test."""
+    applied = fuzz_tests()
+    assert len(applied) >= 7, sorted(applied)
+    assert _SCALE < 1 or sum(s.max_examples for s in applied.values()) >= 1000, \
+        {name: s.max_examples for name, s in applied.items()}
+    for name, s in applied.items():
+        assert s.deadline is None and s.database is None, f"{name} does not run with the FUZZ settings"
+        assert s.max_examples >= 100 * min(_SCALE, 1), f"{name} runs only {s.max_examples} examples"

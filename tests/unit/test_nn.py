@@ -16,8 +16,6 @@ from polygrad.data import normalized_adjacency, stochastic_block_model
 from polygrad.errors import CheckpointError, NonFiniteError, ShapeError
 from polygrad.testing import assert_backends_agree, check_grads
 
-HAS_SPARSE = all(hasattr(pg, name) for name in ("from_edge_index", "gcn_norm", "sparse_csr"))
-needs_sparse = pytest.mark.skipif(not HAS_SPARSE, reason="polygrad.sparse (issue 3) not available yet")
 
 
 def _setter(model: nn.Module):
@@ -247,7 +245,6 @@ def test_dropout_draws_any_shape_and_reproduces_from_the_seed(shape):
     np.testing.assert_array_equal(a, b)
 
 
-@needs_sparse
 def test_dropout_on_sparse_keeps_the_pattern():
     dense = np.zeros((20, 30), dtype=np.float32)
     dense[::2, ::3] = 1.0
@@ -342,7 +339,6 @@ def _small_graph():
     return edge_index, x
 
 
-@needs_sparse
 def test_gcnconv_matches_the_numpy_reference():
     edge_index, x = _small_graph()
     conv = nn.GCNConv(3, 2, dtype=pg.float64)
@@ -353,7 +349,6 @@ def test_gcnconv_matches_the_numpy_reference():
     np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
 
 
-@needs_sparse
 def test_gcnconv_gradients_match_central_differences():
     edge_index, x = _small_graph()
     conv = nn.GCNConv(3, 2, dtype=pg.float64)
@@ -365,7 +360,6 @@ def test_gcnconv_gradients_match_central_differences():
     check_grads(fwd, [x, conv.weight.numpy(), np.array([0.1, -0.3])])
 
 
-@needs_sparse
 def test_gcnconv_caches_per_graph_object():
     edge_index, x = _small_graph()
     conv = nn.GCNConv(3, 2, dtype=pg.float64)
@@ -382,7 +376,6 @@ def test_gcnconv_caches_per_graph_object():
         conv(pg.tensor(x), np.array([0, 1, 2]))
 
 
-@needs_sparse
 def test_gcnconv_sparse_features_equal_dense_features():
     ds = stochastic_block_model(num_nodes=80, num_classes=2, num_features=12, num_train_per_class=5, seed=3)
     dense = ds.x.to_dense(np.float64)
@@ -392,7 +385,6 @@ def test_gcnconv_sparse_features_equal_dense_features():
     np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-@needs_sparse
 def test_gcn_learns_the_synthetic_graph():
     from polygrad.demos import load_graph, train_gcn
     ds = load_graph(None)
@@ -400,7 +392,6 @@ def test_gcn_learns_the_synthetic_graph():
     assert res["test_accuracy"] > 0.6  # chance is 0.25; features alone reach ~0.27
 
 
-@needs_sparse
 def test_sparse_parameters_live_in_state_dicts_and_snapshots(tmp_path):
     from polygrad.train import fit
 
@@ -423,7 +414,6 @@ def test_sparse_parameters_live_in_state_dicts_and_snapshots(tmp_path):
         m.load_state_dict({"adj": pg.tensor(np.eye(3))})
 
 
-@needs_sparse
 def test_gcnconv_accepts_a_sparse_adjacency_like_an_edge_index():
     edge_index, x = _small_graph()
     conv = nn.GCNConv(3, 2, dtype=pg.float64)
@@ -439,7 +429,6 @@ def test_gcnconv_accepts_a_sparse_adjacency_like_an_edge_index():
         b(pg.tensor(x[:4]), adj)
 
 
-@needs_sparse
 def test_gcnconv_agrees_across_backends():
     edge_index, x = _small_graph()
     conv = nn.GCNConv(3, 2, dtype=pg.float64)

@@ -11,7 +11,6 @@ import polygrad as pg
 from polygrad import nn, optim
 from polygrad.errors import CheckpointError, DTypeError
 
-HAS_SPARSE = hasattr(pg, "sparse_coo")
 
 
 def _grads(step: int, shape) -> np.ndarray:
@@ -254,7 +253,6 @@ def test_optimizers_minimise_a_quadratic(make):
     np.testing.assert_allclose(p.numpy(), target, atol=1e-2)
 
 
-@pytest.mark.skipif(not HAS_SPARSE, reason="polygrad.sparse not available")
 def test_sparse_parameter_updates_values_and_keeps_pattern():
     w = pg.sparse_coo(np.array([[0, 1, 2], [1, 2, 0]]), np.array([0.5, -1.0, 2.0]), (3, 3),
                       dtype=pg.float64, requires_grad=True)

@@ -10,6 +10,7 @@ installs the wheel into a fresh environment and runs the demo and the conformanc
 """
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import os
 import shutil
@@ -39,9 +40,32 @@ def test_backends_package_lives_inside_polygrad():
     import polygrad.backends.numpy as numpy_backend
 
     assert Path(numpy_backend.__file__).parent == PACKAGE / "backends"
-    editable_finders = [p for d in sys.path if os.path.isdir(d)
-                        for p in Path(d).glob("__editable__*polygrad*finder*.py")]
-    assert editable_finders == [], "an editable install should be a path entry, not setuptools' finder"
+    finders = [p for d in sys.path if os.path.isdir(d) for p in Path(d).glob("__editable__*finder*.py")]
+    mapping_polygrad = [p for p in finders if "polygrad" in finder_mapping(p)]
+    assert mapping_polygrad == [], "an editable install should be a path entry, not setuptools' finder"
+
+
+def finder_mapping(finder: Path) -> dict:
+    """The top-level packages a setuptools editable finder maps (its ``MAPPING`` literal): a
+    plugin installed editable (``polygrad_scipy``, ``polygrad_dask``) has its own finder, which
+    maps only the plugin's package and is no concern of polygrad's."""
+    for node in ast.parse(finder.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == "MAPPING" and node.value is not None:
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+def test_finder_mapping_tells_polygrad_from_its_plugins(tmp_path):
+    """The check above flags a finder that maps ``polygrad`` and no other (a plugin's)."""
+    template = "MAPPING: dict[str, str] = {mapping!r}\nNAMESPACES: dict = {{}}\n"
+    (tmp_path / "core.py").write_text(template.format(mapping={"polygrad": "/src/polygrad"}))
+    (tmp_path / "plugin.py").write_text(template.format(mapping={"polygrad_scipy": "/src/polygrad_scipy"}))
+    (tmp_path / "old.py").write_text("MAPPING = {'polygrad': '/src/polygrad', 'backends': '/src/backends'}\n")
+    assert "polygrad" in finder_mapping(tmp_path / "core.py")
+    assert "polygrad" in finder_mapping(tmp_path / "old.py")
+    assert "polygrad" not in finder_mapping(tmp_path / "plugin.py")
 
 
 def test_script_run_from_the_folder_holding_the_clone_gets_the_real_package(tmp_path):

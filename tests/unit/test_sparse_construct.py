@@ -166,7 +166,8 @@ def test_from_edge_index_defaults():
 
 
 def test_scipy_roundtrip():
-    sp = pytest.importorskip("scipy.sparse")
+    import scipy.sparse as sp
+
     m = sp.random(30, 20, density=0.1, format="coo", random_state=0, dtype=np.float64)
     m = sp.coo_matrix((np.concatenate([m.data, [1.0]]), (np.concatenate([m.row, [m.row[0]]]),
                                                         np.concatenate([m.col, [m.col[0]]]))), shape=m.shape)

@@ -2,47 +2,144 @@
 
 ``connect(scheduler=ADDRESS)`` joins a running ``dask scheduler``; ``connect(workers=N)`` starts a
 ``distributed.LocalCluster`` of N worker *processes* on this machine.  Either way the Client
-becomes dask's default client, which the backend's kernels and ``materialize`` then use.  An
-address that cannot be reached raises :class:`polygrad.errors.BackendUnavailableError` naming it
-after ``timeout`` seconds, instead of dask's own retry loop.
+becomes dask's default client, which the backend's kernels and ``materialize`` then use.
+
+An address that cannot be reached, is not an address, or where something other than a dask
+scheduler listens (an HTTP server, the dashboard's port 8787) raises
+:class:`polygrad.errors.BackendUnavailableError` naming it within ``timeout`` seconds: before
+dask's Client sees a ``tcp://`` address, :func:`probe_scheduler` checks that the peer greets
+with dask's handshake (dask would otherwise wait forever for an HTTP server, or read its reply's
+first 8 bytes as a frame length and ask for exabytes).
+
+Everything this module starts listens on the loopback interface only (scheduler, workers and
+their HTTP endpoints on 127.0.0.1, no dashboard), unless the caller passes another ``host`` or a
+``dashboard_address``.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import socket
+import struct
+import time
 from typing import Any
 
 from polygrad.errors import BackendUnavailableError
 
 #: seconds to wait for a scheduler before giving up (POLYGRAD_DASK_TIMEOUT overrides)
 DEFAULT_TIMEOUT = float(os.environ.get("POLYGRAD_DASK_TIMEOUT", "10"))
+#: where clusters started here listen (scheduler, workers, HTTP endpoints): this machine only
+LOOPBACK = "127.0.0.1"
+#: largest first message accepted from a scheduler during the probe: dask's handshake is a few
+#: hundred bytes; an HTTP reply read as a length gives ~3e18
+MAX_HANDSHAKE_BYTES = 1 << 20
+
+
+def _unavailable(scheduler: Any, timeout: float, why: str) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f"backend 'dask': cannot join the dask scheduler at {scheduler!r} within {timeout:g} s: {why}; "
+        "start one with `dask scheduler` and check the address (the scheduler's port, 8786 by "
+        "default, not the dashboard's 8787) and firewall")
+
+
+def _host_port(scheduler: Any, timeout: float) -> tuple[str, str, int]:
+    """(protocol, host, port) of ``scheduler``, or a BackendUnavailableError saying why not."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    if not isinstance(scheduler, str) or not scheduler.strip():
+        raise _unavailable(scheduler, timeout, f"the address must be a string such as "
+                           f"'tcp://127.0.0.1:8786', got {type(scheduler).__name__}")
+    try:
+        protocol, location = parse_address(scheduler.strip())
+        if protocol != "tcp":
+            return protocol, location, 0
+        host, port = parse_host_port(location)
+        port = int(port)
+    except (ValueError, TypeError) as exc:
+        raise _unavailable(scheduler, timeout, f"not an address ({exc})") from exc
+    if not 0 < port < 65536:
+        raise _unavailable(scheduler, timeout, f"port {port} is outside 1..65535")
+    return protocol, host, port
+
+
+def probe_scheduler(scheduler: str, timeout: float) -> None:
+    """Check, within ``timeout`` seconds, that a dask scheduler listens at the ``tcp://`` address
+    ``scheduler``: a dask server writes its handshake (an 8-byte little-endian length, then that
+    many bytes) as soon as it accepts a connection.  Silence, a closed connection or an
+    implausible length is a :class:`BackendUnavailableError` naming what answered instead.
+    Other protocols (tls://, inproc://) are left to dask."""
+    protocol, host, port = _host_port(scheduler, timeout)
+    if protocol != "tcp":
+        return
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("timed out")
+        return remaining
+
+    try:
+        with socket.create_connection((host, port), timeout=left()) as sock:
+            head = b""
+            while len(head) < 8:
+                sock.settimeout(left())
+                chunk = sock.recv(8 - len(head))
+                if not chunk:
+                    raise _unavailable(scheduler, timeout, "the peer closed the connection without dask's "
+                                       "handshake: something other than a dask scheduler listens there")
+                head += chunk
+    except BackendUnavailableError:
+        raise
+    except socket.timeout as exc:
+        raise _unavailable(scheduler, timeout, "no dask handshake arrived (nothing answered, or something "
+                           "other than a dask scheduler listens there, such as an HTTP server or the "
+                           "dashboard)") from exc
+    except OSError as exc:
+        raise _unavailable(scheduler, timeout, f"{type(exc).__name__}: {exc}") from exc
+    (length,) = struct.unpack("<Q", head)
+    if not 0 < length <= MAX_HANDSHAKE_BYTES:
+        raise _unavailable(scheduler, timeout, f"the peer does not speak dask's protocol (it sent {head!r}, "
+                           "e.g. an HTTP server such as the dashboard)")
 
 
 def connect(scheduler: str | None = None, workers: int | None = None, threads_per_worker: int = 1,
-            timeout: float | None = None, memory_limit: Any = "auto") -> Any:
-    """A ``distributed.Client`` on ``scheduler`` or on a new LocalCluster of ``workers`` processes."""
+            timeout: float | None = None, memory_limit: Any = "auto", host: str = LOOPBACK,
+            dashboard_address: str | None = None) -> Any:
+    """A ``distributed.Client`` on ``scheduler`` or on a new LocalCluster of ``workers`` processes.
+
+    A new cluster listens on ``host`` (loopback by default) and has no dashboard unless
+    ``dashboard_address`` is given (e.g. ``"127.0.0.1:8787"``)."""
     # distributed is imported on use: loading polygrad's plugins must stay fast for everyone
     from distributed import Client, LocalCluster
 
-    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     if scheduler is not None:
+        start = time.monotonic()
+        probe_scheduler(scheduler, timeout)
+        remaining = max(timeout - (time.monotonic() - start), 0.5)
         try:
-            return Client(scheduler, timeout=timeout, set_as_default=True)
-        except (OSError, TimeoutError) as exc:
-            raise BackendUnavailableError(
-                f"backend 'dask': cannot reach the dask scheduler at {scheduler} within {timeout:g} s "
-                f"({type(exc).__name__}: {exc}); start one with `dask scheduler` and check the address "
-                "and firewall") from exc
+            return Client(scheduler.strip(), timeout=remaining, set_as_default=True)
+        except (OSError, TimeoutError, ValueError, TypeError, MemoryError) as exc:
+            raise _unavailable(scheduler, timeout, f"{type(exc).__name__}: {exc}") from exc
     cluster = LocalCluster(n_workers=workers or 2, threads_per_worker=threads_per_worker, processes=True,
-                           dashboard_address=None, memory_limit=memory_limit)
+                           host=host, dashboard_address=dashboard_address,
+                           scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit)
     return Client(cluster, set_as_default=True)
+
+
+def _http_on(host: str, dashboard_address: str | None) -> dict:
+    """Scheduler options: without a dashboard, dask still serves /health and /metrics over HTTP,
+    on ``host`` (it would pick all interfaces where the scheduler's own address has no host)."""
+    return {} if dashboard_address is not None else {"dashboard_address": f"{host}:0"}
 
 
 _own: Any = None
 
 
 def client() -> Any:
-    """dask's default Client; without one, an in-process cluster (threads) started once and kept."""
+    """dask's default Client; without one, an in-process cluster (threads, no dashboard, HTTP
+    endpoints on loopback) started once, on first use, and kept."""
     global _own
     from distributed import Client, LocalCluster, default_client
 
@@ -51,10 +148,23 @@ def client() -> Any:
     except ValueError:
         pass
     if _own is None or _own.status != "running":
-        _own = Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                                   dashboard_address=None), set_as_default=True)
+        _own = Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
+                                   scheduler_kwargs=_http_on(LOOPBACK, None),
+                                   worker_dashboard_address=f"{LOOPBACK}:0"),
+                      set_as_default=True)
         atexit.register(close, _own)  # a quiet shutdown instead of "lost computed tasks" warnings
     return _own
+
+
+def running() -> bool:
+    """Whether a Client exists already (dask's default, or the one :func:`client` started)."""
+    from distributed import default_client
+
+    try:
+        default_client()
+    except ValueError:
+        return _own is not None and _own.status == "running"
+    return True
 
 
 def close(client: Any) -> None:

@@ -25,7 +25,8 @@ import dask.array as da
 import numpy as np
 
 import polygrad as pg
-from polygrad.errors import DataError
+from polygrad import memory
+from polygrad.errors import DataError, MemoryBudgetError
 from polygrad.sparse import SparseTensor
 from polygrad.tensor import sddmm
 
@@ -38,6 +39,8 @@ FORMAT = "polygrad-edge-shards"
 def write_edge_shards(edge_index: Any, num_nodes: int, path: "str | os.PathLike", partitions: int | None = None,
                       values: Any = None) -> Path:
     """Write ``edge_index`` (int ``[2, E]``) as row-block shards under ``path``; returns the path."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
+        raise DataError(f"write_edge_shards: num_nodes must be an integer >= 0, got {num_nodes!r}")
     ei = np.asarray(edge_index)
     if ei.ndim != 2 or ei.shape[0] != 2 or (ei.size and ei.dtype.kind not in "iu"):
         raise DataError(f"write_edge_shards: edge_index must be an integer array [2, E], got {ei.dtype} {ei.shape}")
@@ -70,21 +73,76 @@ def write_edge_shards(edge_index: Any, num_nodes: int, path: "str | os.PathLike"
 
 
 def read_meta(path: "str | os.PathLike") -> dict:
+    """``path``/meta.json, checked: the format, an integer ``num_nodes`` whose row blocks fit in
+    memory, and ``bounds`` of integers from 0 to ``num_nodes``.  Anything else is a DataError."""
+    where = Path(path) / "meta.json"
     try:
-        meta = json.loads((Path(path) / "meta.json").read_text())
+        meta = json.loads(where.read_text())
     except (OSError, ValueError) as exc:
         raise DataError(f"load_edge_shards: {path} is not an edge-shard directory ({exc})") from exc
-    if meta.get("format") != FORMAT:
-        raise DataError(f"load_edge_shards: {path}/meta.json is not in the {FORMAT!r} format")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DataError(f"load_edge_shards: {where} is not in the {FORMAT!r} format")
+    n: Any = meta.get("num_nodes")
+    bounds: Any = meta.get("bounds")
+    if not _is_int(n) or n < 0:
+        raise DataError(f"load_edge_shards: {where} has num_nodes={n!r}; it must be an integer >= 0")
+    if (not isinstance(bounds, list) or len(bounds) < 2 or not all(_is_int(b) for b in bounds)
+            or bounds[0] != 0 or bounds[-1] != n or any(a > b for a, b in zip(bounds, bounds[1:]))):
+        raise DataError(f"load_edge_shards: {where} has bounds={str(bounds):.200}; they must be integers "
+                        f"rising from 0 to num_nodes={n}")
+    # each worker holds its block's row pointers (and, with self loops, a flag per row): refuse a
+    # num_nodes no worker could hold (a corrupt or hostile meta.json) before any task starts
+    rows = max(b - a for a, b in zip(bounds, bounds[1:]))
+    try:
+        memory.check("load_edge_shards", 9 * (rows + 1), what=f"the row pointers of a {rows}-row block")
+    except MemoryBudgetError as exc:
+        raise DataError(f"load_edge_shards: {where} declares num_nodes={n}: {exc}") from exc
     return meta
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _read_arrays(path: str, i: int, n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shard ``i``'s rows, cols and values, checked (on a worker): a missing, truncated or
+    malformed file, or ids that are not integers in ``[0, n)``, is a DataError naming the file."""
+    name = os.path.join(path, f"part-{i:05d}.npz")
+    try:
+        with np.load(name, allow_pickle=False) as f:
+            missing = {"rows", "cols"} - set(f.files)
+            if missing:
+                raise DataError(f"edge shard {name} lacks the arrays {sorted(missing)}")
+            rows, cols = f["rows"], f["cols"]
+            vals = f["values"] if "values" in f.files else None
+    except DataError:
+        raise
+    except FileNotFoundError as exc:
+        raise DataError(f"edge shard {name} is missing (meta.json lists its row block)") from exc
+    except Exception as exc:  # noqa: BLE001 - BadZipFile, EOFError, zlib.error, ValueError: all unreadable
+        raise DataError(f"edge shard {name} is unreadable or truncated ({type(exc).__name__}: {exc})") from exc
+    for label, ids in (("rows", rows), ("cols", cols)):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise DataError(f"edge shard {name}: {label} must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    if rows.shape != cols.shape or (vals is not None and vals.shape != rows.shape):
+        raise DataError(f"edge shard {name}: rows {rows.shape}, cols {cols.shape} and values "
+                        f"{None if vals is None else vals.shape} must have one entry per edge")
+    if cols.size and (cols.min() < 0 or cols.max() >= n):
+        raise DataError(f"edge shard {name} has column ids outside [0, {n}) (min {cols.min()}, max {cols.max()}): "
+                        "they would land in other rows")
+    if vals is None:
+        return rows.astype(np.int64), cols.astype(np.int64), np.ones(rows.shape[0], dtype=dtype)
+    try:
+        values = vals.astype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"edge shard {name}: values of dtype {vals.dtype} cannot be read as {dtype}") from exc
+    return rows.astype(np.int64), cols.astype(np.int64), values
 
 
 def _read_block(path: str, i: int, lo: int, hi: int, col_bounds: tuple, self_loops: bool,
                 dtype: Any) -> tuple[RowBlock, np.ndarray]:
     """On a worker: shard ``i`` as a canonical RowBlock (duplicates summed) and its values."""
-    with np.load(os.path.join(path, f"part-{i:05d}.npz")) as f:
-        rows, cols = f["rows"], f["cols"]
-        vals = f["values"].astype(dtype) if "values" in f.files else np.ones(rows.shape[0], dtype=dtype)
+    rows, cols, vals = _read_arrays(path, i, int(col_bounds[-1]), dtype)
     if rows.size and (rows.min() < lo or rows.max() >= hi):
         raise DataError(f"edge shard {i} of {path} has rows outside its block [{lo}, {hi})")
     n = hi - lo

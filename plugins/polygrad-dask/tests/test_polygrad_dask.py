@@ -27,7 +27,7 @@ import polygrad as pg  # noqa: E402
 from polygrad import nn, optim  # noqa: E402
 from polygrad.data import find_planetoid_dir  # noqa: E402
 from polygrad.errors import BackendError, BackendUnavailableError  # noqa: E402
-from polygrad.tensor import sddmm, segment_sum, spmm  # noqa: E402
+from polygrad.tensor import sddmm, segment_sum  # noqa: E402
 from polygrad.testing import check_grads  # noqa: E402
 from polygrad.testing.conformance import run_conformance  # noqa: E402
 from polygrad.train import fit  # noqa: E402
@@ -51,12 +51,19 @@ def dask_plugin():
         yield polygrad_dask
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster_client(dask_plugin):
-    """A LocalCluster of 2 worker processes (the default client while it lives), 2 row blocks."""
+    """A LocalCluster of 2 worker processes (the default client while it lives), 2 row blocks.
+
+    Module-scoped: closed when this module's tests are done.  As a session fixture it stayed the
+    default client for whatever ran next in random order, and every other test that touched the
+    dask backend (the conformance kit on every backend) ran on it, one cluster round trip per
+    numerical-gradient probe (more than 10 minutes on a busy machine, instead of seconds)."""
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    # HTTP endpoints on an OS-chosen loopback port: 8787 may be taken by another program
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
     client = Client(cluster, set_as_default=True, timeout=TIMEOUT)
     saved = dask_plugin.chunks.partitions, dask_plugin.chunks.min_block_rows
     dask_plugin.chunks.set_partitions(2)
@@ -330,3 +337,256 @@ def test_compiled_step_runs_eagerly_on_dask_and_the_demo_says_so(cluster_client,
                          "--json", "--no-progress", "--compile"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["backend"] == "dask" and record["compiled"] is False
+
+
+# -- the edges: hostile shards, wrong ports, nothing started behind the user's back (issue 23) ------
+# Every server these tests start listens on 127.0.0.1 only, every loop is bounded, every connect
+# has a timeout.
+
+def _shards(tmp_path, dask_plugin, n=20, e=40, seed=11):
+    """Valid 2-block shards of a random graph (the ones the tests then damage)."""
+    return dask_plugin.write_edge_shards(random_graph(n, e, seed), n, tmp_path / "g", partitions=2)
+
+
+def _rewrite(where: Path, i: int, **arrays) -> None:
+    np.savez(where / f"part-{i:05d}.npz", **arrays)
+
+
+@pytest.mark.parametrize("bad_col", [20, 25, -1])
+def test_shard_column_ids_outside_the_graph_are_refused(tmp_path, dask_plugin, bad_col):
+    """A column id >= N or < 0 used to load silently and spill into other rows (key = row * N + col)."""
+    where = _shards(tmp_path, dask_plugin)
+    with np.load(where / "part-00000.npz") as f:
+        rows, cols = f["rows"], f["cols"].copy()
+    cols[0] = bad_col
+    _rewrite(where, 0, rows=rows, cols=cols)
+    with pytest.raises(pg.errors.DataError, match=r"part-00000.*column ids outside \[0, 20\)"):
+        dask_plugin.load_edge_shards(where)
+
+
+def _damaged(kind: str, where: Path) -> None:
+    part = where / "part-00001.npz"
+    with np.load(part) as f:
+        rows, cols = f["rows"], f["cols"]
+    if kind == "missing":
+        part.unlink()
+    elif kind == "truncated":
+        part.write_bytes(part.read_bytes()[:40])
+    elif kind == "not-a-zip":
+        part.write_text("hello")
+    elif kind == "float-ids":
+        _rewrite(where, 1, rows=rows.astype(np.float64), cols=cols.astype(np.float64))
+    elif kind == "lengths-differ":
+        _rewrite(where, 1, rows=rows, cols=cols[:-1])
+    elif kind == "no-cols":
+        _rewrite(where, 1, rows=rows)
+    elif kind == "2-d":
+        _rewrite(where, 1, rows=rows, cols=np.stack([cols, cols]))
+    elif kind == "values-length":
+        _rewrite(where, 1, rows=rows, cols=cols, values=np.ones(rows.shape[0] + 1))
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated", "not-a-zip", "float-ids", "lengths-differ", "no-cols",
+                                  "2-d", "values-length"])
+def test_damaged_shards_are_a_data_error_naming_the_file(tmp_path, dask_plugin, kind):
+    where = _shards(tmp_path, dask_plugin)
+    _damaged(kind, where)
+    with pytest.raises(pg.errors.DataError, match="part-00001"):
+        dask_plugin.load_edge_shards(where)
+
+
+def test_meta_json_with_ten_trillion_nodes_is_refused_before_any_worker_allocates(tmp_path, dask_plugin):
+    """A worker allocates row pointers per row of its block: 5e12 rows used to be a raw MemoryError
+    (or a 40 TB allocation attempt) on the workers."""
+    ei = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])       # every edge in the first block, either way
+    where = dask_plugin.write_edge_shards(ei, 20, tmp_path / "g", partitions=2)
+    meta = json.loads((where / "meta.json").read_text())
+    meta.update(num_nodes=10**13, bounds=[0, 5 * 10**12, 10**13])
+    (where / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(pg.errors.DataError, match="meta.json declares num_nodes=10000000000000"):
+        dask_plugin.load_edge_shards(where)
+
+
+@pytest.mark.parametrize("edit", [
+    {"num_nodes": 20.0}, {"num_nodes": True}, {"num_nodes": -1}, {"num_nodes": "20"},
+    {"bounds": [0, 15, 10]}, {"bounds": [0, 10.5, 20]}, {"bounds": None}, {"bounds": [0, 10, 19]},
+])
+def test_hostile_meta_json_is_a_data_error(tmp_path, dask_plugin, edit):
+    where = _shards(tmp_path, dask_plugin)
+    meta = json.loads((where / "meta.json").read_text())
+    meta.update(edit)
+    (where / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(pg.errors.DataError, match="meta.json"):
+        dask_plugin.load_edge_shards(where)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{}", "not json", '"polygrad-edge-shards"'])
+def test_meta_json_that_is_not_an_object_is_a_data_error(tmp_path, dask_plugin, text):
+    where = _shards(tmp_path, dask_plugin)
+    (where / "meta.json").write_text(text)
+    with pytest.raises(pg.errors.DataError):
+        dask_plugin.load_edge_shards(where)
+
+
+def test_missing_shard_directory_is_a_data_error(tmp_path, dask_plugin):
+    with pytest.raises(pg.errors.DataError, match="not an edge-shard directory"):
+        dask_plugin.load_edge_shards(tmp_path / "nowhere")
+
+
+class _Server:
+    """A TCP server on 127.0.0.1 (an OS-chosen port) that is not a dask scheduler: ``greeting``
+    is sent on accept (an HTTP reply read as a dask frame length is ~3 EiB), or nothing (an HTTP
+    server waits for a request; dask waited for its handshake)."""
+
+    def __init__(self, greeting: bytes = b"") -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.greeting, self.stop, self.conns = greeting, threading.Event(), []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)
+            if self.greeting:
+                conn.sendall(self.greeting)
+
+    def __enter__(self) -> "_Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def _http_server():
+    """A real HTTP server (the dashboard's kind) on 127.0.0.1, in a thread."""
+    import http.server
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    return srv
+
+
+def _connect_fails_quickly(dask_plugin, address: str, timeout: float = 2.0) -> str:
+    """connect() raises BackendUnavailableError naming ``address`` well within a bound (a thread
+    with a join timeout: a hang fails the test instead of hanging the suite)."""
+    outcome: dict = {}
+
+    def attempt():
+        try:
+            dask_plugin.connect(scheduler=address, timeout=timeout)
+            outcome["result"] = "connected"
+        except BaseException as exc:  # noqa: BLE001 - recorded and checked below
+            outcome["result"] = exc
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout + 30)   # generous: a loaded machine, never a hang
+    assert not t.is_alive(), f"connect({address!r}, timeout={timeout}) hung"
+    exc = outcome["result"]
+    assert isinstance(exc, BackendUnavailableError), repr(exc)
+    assert address in str(exc) and "dask" in str(exc)
+    return str(exc)
+
+
+def test_connect_to_an_http_server_fails_within_the_timeout(dask_plugin):
+    srv = _http_server()
+    try:
+        message = _connect_fails_quickly(dask_plugin, f"tcp://127.0.0.1:{srv.server_address[1]}")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "HTTP" in message or "handshake" in message
+
+
+@pytest.mark.parametrize("greeting", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b"\xff" * 64, b""])
+def test_connect_to_a_server_that_speaks_something_else(dask_plugin, greeting):
+    """An HTTP reply's first 8 bytes used to become a ~3 EiB frame length (raw MemoryError)."""
+    with _Server(greeting) as srv:
+        _connect_fails_quickly(dask_plugin, srv.address)
+
+
+@pytest.mark.parametrize("address", ["nonsense", "tcp://127.0.0.1", "tcp://127.0.0.1:notaport",
+                                     "tcp://127.0.0.1:99999", "", 8786, b"tcp://127.0.0.1:8786"])
+def test_connect_to_a_non_address_is_a_polygrad_error(dask_plugin, address):
+    with pytest.raises(BackendUnavailableError, match="dask scheduler"):
+        dask_plugin.connect(scheduler=address, timeout=1)
+
+
+def test_retry_after_a_mistyped_address_never_hangs(cluster_client, dask_plugin):
+    """Six rounds of: a wrong port (an HTTP server), then the right address; each bounded."""
+    from distributed import Client
+
+    srv = _http_server()
+    right = cluster_client.scheduler.address
+    try:
+        for _ in range(6):
+            _connect_fails_quickly(dask_plugin, f"tcp://127.0.0.1:{srv.server_address[1]}", timeout=1.0)
+            joined = dask_plugin.connect(scheduler=right, timeout=TIMEOUT)
+            assert isinstance(joined, Client) and joined.status == "running"
+            assert joined.submit(int, "7").result(timeout=TIMEOUT) == 7
+            joined.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    from distributed import default_client
+    assert default_client().scheduler.address == right  # the default is again a client of the cluster
+
+
+def test_listing_backends_starts_nothing():
+    """pg.list_backends() probes the backend (from_numpy/to_numpy): it used to start an in-process
+    cluster whose HTTP endpoints listened on 0.0.0.0:8787."""
+    code = ("import json, os, psutil, polygrad as pg, polygrad_dask.cluster as c\n"
+            "info = {b.name: b for b in pg.list_backends()}\n"
+            "x = pg.tensor([[1.0, 2.0]], backend='dask')\n"
+            "assert (x * 2).numpy().tolist() == [[2.0, 4.0]]\n"
+            "conns = [c_.laddr for c_ in psutil.Process().net_connections('inet') if c_.status == 'LISTEN']\n"
+            "print(json.dumps({'available': info['dask'].available, 'listening': conns,\n"
+            "                  'started': c.running()}))\n")
+    proc = _run_python(code)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"available": True, "listening": [], "started": False}, out
+
+
+def _run_python(code: str):
+    import subprocess
+
+    env = dict(os.environ)
+    # the polygrad_dask this process imported (installed, or the source tree's)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(polygrad_dask.__file__)),
+                                         env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_clusters_started_here_listen_on_loopback_only():
+    """The in-process cluster (first use without a client) and connect(workers=N)."""
+    code = ("import json, os, psutil, polygrad_dask.cluster as c\n"
+            "def listening():\n"
+            "    ps = [psutil.Process()] + psutil.Process().children(recursive=True)\n"
+            "    return sorted({a.laddr.ip for p in ps for a in p.net_connections('inet') if a.status == 'LISTEN'})\n"
+            "own = c.client()\n"
+            "inproc = listening()\n"
+            "c.close(own)\n"
+            "local = c.connect(workers=1, timeout=120)\n"
+            "local.wait_for_workers(1, timeout=120)\n"
+            "multi = listening()\n"
+            "c.close(local)\n"
+            "print(json.dumps({'inproc': inproc, 'processes': multi}))\n")
+    out = json.loads(_run_python(code).stdout.strip().splitlines()[-1])
+    assert out["inproc"] and out["processes"], out        # something listens, and only on loopback
+    assert set(out["inproc"]) | set(out["processes"]) == {"127.0.0.1"}, out
