@@ -44,3 +44,12 @@ def backend(request) -> str:
         if reason:
             pytest.skip(reason)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fallback_warnings():
+    """Each test starts with polygrad's warn-once fallback record empty: a fallback warned by an
+    earlier test must not silence the warning a later test asserts (the suite runs in random order)."""
+    import polygrad as pg
+    pg.reset_stats()
+    yield
