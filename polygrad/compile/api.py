@@ -8,13 +8,14 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import config
-from ..dispatch import _inference_memo, _recording, is_grad_enabled, registry
+from ..dispatch import _forward, _inference_memo, _recording, is_grad_enabled, registry
 from ..registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
 from ..autodiff import backward_plans
 from .backward_plan import BackwardPlans
 from .executor import _HostFailed, prepare, run
+from .forward_plan import Cursor
 from .guards import _modules_of, flatten_call, contents, python_changed, python_state
 from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
 from .recorder import _Recorder
@@ -64,6 +65,7 @@ class Compiled:
         self._cache: OrderedDict = OrderedDict()
         self.plans = BackwardPlans()  # the default mode's backward plans
         self._inferred: dict = {}  # and its memo of inference results (see dispatch._memo_infer)
+        self._forward_plan: list = []  # and the ops its last call issued (see forward_plan)
         self._lock = threading.Lock()
         self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0}
         self.reason = ""
@@ -102,11 +104,18 @@ class Compiled:
             self.stats["eager"] += 1
             token = backward_plans.set(self.plans)  # its backward passes run through plans
             memo = _inference_memo.set(self._inferred)  # and its ops' inference is remembered
+            cursor = Cursor(self._forward_plan)
+            walk = _forward.set(cursor)  # its ops are matched against the last call's
             try:
-                return self.fn(*args, **kwargs)
+                out = self.fn(*args, **kwargs)
             finally:
+                _forward.reset(walk)
                 _inference_memo.reset(memo)
                 backward_plans.reset(token)
+            plan = cursor.finished()
+            if plan is not None:  # the call left the plan (or issued fewer ops): its ops are the next
+                self._forward_plan = plan
+            return out
         flat, key = self._key(args, kwargs)
         entry = self._entry(key)
         cap = entry.capture
@@ -192,6 +201,7 @@ class Compiled:
             self._cache.clear()
             self.plans = BackwardPlans()
             self._inferred = {}
+            self._forward_plan = []
 
 
 def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int = 8, warmup: int = 1,

@@ -1,0 +1,172 @@
+"""Forward plans: the default ``pg.compile`` mode's op-by-op matcher.
+
+In the default mode the step's Python runs every call and issues its ops through
+:func:`polygrad.dispatch.apply` as eagerly.  Most of what ``apply`` does per op is a pure function of
+what the op is applied to -- the inference (output shape and dtype), the memory check, the kernel
+lookup, whether a graph node is recorded and which inputs it keeps whole -- so it is recorded
+once, as one :class:`Entry` per op in the order the call issued them (the *forward plan*), and each
+later call's ops are matched against it:
+
+* an op equal to the plan's next entry in everything those decisions read -- op, layout,
+  attributes (with their types), each input's shape, dtype, backend, ``requires_grad`` and
+  node/data state (which decides what the node keeps), and grad mode -- runs the entry's kernel
+  (checked still to be the registry's) over this call's arrays and records the graph node with
+  the entry's saved-input layout (``dispatch._run_planned``); a kernel fault is handled exactly
+  as eagerly (the same fallback policy);
+* the first op that differs leaves the plan for the rest of the call: it and every later op run
+  through the full eager ``apply`` and are recorded, and the plan becomes what this call issued.
+
+The kernels, their arguments and their order are eager's by construction, so the numbers are
+eager's bit for bit.  Ops issued while a pass is being captured (``_recording`` set: pure mode, or a
+backward plan being recorded) are neither matched nor recorded.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import graph, memory
+from ..ops import Op, kernel_key
+
+#: attribute value types an entry compares by ``==`` plus type (anything else -- an index array --
+#: makes the entry a *slow* one: matched by op only, run through the full eager ``apply``)
+_PLAIN = (int, float, str, bool, type(None), np.dtype)
+
+
+def attr_types(attrs: dict) -> tuple | None:
+    """The types of ``attrs``' values (a tuple's with its items' types), or None when one is not
+    plain (1, 1.0 and True compare equal but a kernel may treat them differently)."""
+    out: tuple = ()
+    for v in attrs.values():
+        tv = type(v)
+        if tv is tuple:
+            items = tuple(map(type, v))
+            for ti in items:
+                if not issubclass(ti, _PLAIN):
+                    return None
+            out += (tv, items)
+        elif issubclass(tv, _PLAIN) or isinstance(v, np.dtype):
+            out += (tv,)
+        else:
+            return None
+    return out
+
+
+def input_state(t: Any) -> int:
+    """What ``graph.saved_inputs`` reads of an input besides the op: 3 its data is gone, 0 a leaf,
+    1 a result whose op's gradient reads its output, 2 another result."""
+    if t._data is None:
+        return 3
+    node = t._node
+    if node is None:
+        return 0
+    return 1 if node.op in graph.reads_output else 2
+
+
+class Entry:
+    """One op of a forward plan: what it was applied to and the decisions ``apply`` made for it."""
+
+    __slots__ = ("op", "layout", "attrs", "types", "ins", "grad", "kernel", "key", "be", "shape", "dtype",
+                 "node", "keep", "slow")
+
+    def __init__(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
+                 result: Any, scalar: Any) -> None:
+        self.op = op
+        self.layout = layout
+        self.attrs = attrs
+        self.types = attr_types(attrs)
+        self.ins = tuple((t.shape, t.dtype, t._be, t.requires_grad, input_state(t)) for t in inputs)
+        self.grad = grad
+        self.kernel = kernel
+        self.key = kernel_key(op, layout)
+        self.be = result._be
+        self.shape = result.shape
+        self.dtype = result.dtype
+        node = result._node
+        self.node = node is not None
+        #: per input: kept whole (True) or as a data-less stand-in; None: all whole
+        self.keep = None if node is None else tuple(a is b for a, b in zip(node.inputs, inputs))
+        if self.keep is not None and all(self.keep):
+            self.keep = None
+        # replayed only through the full apply: attributes it cannot compare, no table kernel, an
+        # output the memory budget checks, a kernel that fell back
+        self.slow = (self.types is None or kernel is None or scalar is not None
+                     or memory.nbytes(self.shape, self.dtype) >= memory.CHECK_FLOOR)
+
+
+class Cursor:
+    """One default-mode call's walk along its function's forward plan.
+
+    ``pos`` is the next entry to match, or -1 once the call has left the plan; ``fresh`` is then
+    the plan this call issues (the matched prefix, then every op recorded as it ran)."""
+
+    __slots__ = ("plan", "pos", "fresh")
+
+    def __init__(self, plan: list) -> None:
+        self.plan = plan
+        self.pos = 0
+        self.fresh: list | None = None
+
+    def match(self, op: Op, inputs: tuple, attrs: dict, layout: str, grad: bool) -> Entry | None:
+        """The plan's next entry when this op equals it (the caller runs it fast), else None (the
+        caller runs the full ``apply`` and calls :meth:`record`)."""
+        pos = self.pos
+        if pos < 0:
+            return None
+        plan = self.plan
+        if pos < len(plan):
+            e = plan[pos]
+            if e.op is op and e.layout == layout and e.grad is grad and len(e.ins) == len(inputs):
+                if e.slow:
+                    self.pos = pos + 1  # the same op, run through the full apply: still on the plan
+                    return None
+                if self._same_attrs(e, attrs) and self._same_inputs(e, inputs):
+                    self.pos = pos + 1
+                    return e
+        self.fresh = plan[:pos]
+        self.pos = -1
+        return None
+
+    @staticmethod
+    def _same_attrs(e: Entry, attrs: dict) -> bool:
+        if attrs is e.attrs:
+            return True
+        try:
+            if attrs != e.attrs:
+                return False
+        except Exception:  # noqa: BLE001 - an array attribute where the plan's is plain
+            return False
+        return attr_types(attrs) == e.types
+
+    @staticmethod
+    def _same_inputs(e: Entry, inputs: tuple) -> bool:
+        for t, (shape, dtype, be, rg, state) in zip(inputs, e.ins):
+            if t.shape != shape or t.dtype != dtype or t._be is not be or t.requires_grad != rg:
+                return False
+            if state:
+                if input_state(t) != state:
+                    return False
+            elif t._node is not None or t._data is None:
+                return False
+        return True
+
+    def record(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
+               result: Any, scalar: Any) -> None:
+        """An op the full ``apply`` ran: part of the plan this call issues once off the plan."""
+        if self.pos < 0:
+            assert self.fresh is not None
+            self.fresh.append(Entry(op, layout, attrs, inputs, grad, kernel, result, scalar))
+
+    def leave(self) -> None:
+        """Leave the plan at the entry just matched (its op then runs, and is recorded, eagerly)."""
+        self.fresh = self.plan[:self.pos - 1]
+        self.pos = -1
+
+    def finished(self) -> list | None:
+        """The plan the next call should match (None: keep the current one)."""
+        if self.pos < 0:
+            return self.fresh
+        if self.pos < len(self.plan):
+            return self.plan[:self.pos]
+        return None
