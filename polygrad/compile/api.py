@@ -34,9 +34,11 @@ class _Entry:
 
 class Compiled:
     """``fn`` compiled (see :func:`compile`): ``pure`` says which mode.  ``stats`` counts eager
-    calls (every default-mode call is one), captures, replays, re-captures, dropped captures and
-    refusals; ``reason`` says why the last refused capture was refused; ``plans.stats`` counts the
-    default mode's backward passes run through a plan, recorded and run eagerly."""
+    calls (every default-mode call is one), captures, replays, re-captures, dropped captures,
+    refusals, the default mode's ops matched against its forward plan (``forward_matched``) and
+    its calls that left the plan (``forward_left``); ``reason`` says why the last refused capture
+    was refused; ``plans.stats`` counts the default mode's backward passes run through a plan,
+    recorded and run eagerly."""
 
     def __init__(self, fn: Callable, cache_size: int = 8, warmup: int = 1, modules: Any = None,
                  enabled: bool = True, pure: bool = False):
@@ -67,7 +69,8 @@ class Compiled:
         self._inferred: dict = {}  # and its memo of inference results (see dispatch._memo_infer)
         self._forward_plan: list = []  # and the ops its last call issued (see forward_plan)
         self._lock = threading.Lock()
-        self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0}
+        self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0,
+                      "forward_matched": 0, "forward_left": 0}
         self.reason = ""
         self.__wrapped__ = fn
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -112,6 +115,8 @@ class Compiled:
                 _forward.reset(walk)
                 _inference_memo.reset(memo)
                 backward_plans.reset(token)
+            self.stats["forward_matched"] += cursor.matched
+            self.stats["forward_left"] += cursor.pos < 0
             plan = cursor.finished()
             if plan is not None:  # the call left the plan (or issued fewer ops): its ops are the next
                 self._forward_plan = plan

@@ -64,6 +64,16 @@ def input_state(t: Any) -> int:
     return 1 if node.op in graph.reads_output else 2
 
 
+def _same_attrs(e: Entry, attrs: dict) -> bool:
+    """``attrs`` equal the entry's, value by value and type by type."""
+    try:
+        if attrs != e.attrs:
+            return False
+    except Exception:  # noqa: BLE001 - an array attribute where the plan's is plain
+        return False
+    return attr_types(attrs) == e.types
+
+
 class Entry:
     """One op of a forward plan: what it was applied to and the decisions ``apply`` made for it."""
 
@@ -101,16 +111,23 @@ class Cursor:
     ``pos`` is the next entry to match, or -1 once the call has left the plan; ``fresh`` is then
     the plan this call issues (the matched prefix, then every op recorded as it ran)."""
 
-    __slots__ = ("plan", "pos", "fresh")
+    __slots__ = ("plan", "pos", "fresh", "left_at")
 
     def __init__(self, plan: list) -> None:
         self.plan = plan
         self.pos = 0
         self.fresh: list | None = None
+        self.left_at = -1  # the position the call left the plan at (-1: it did not)
+
+    @property
+    def matched(self) -> int:
+        """Entries this call walked along the plan (slow ones included) before leaving it."""
+        return self.pos if self.pos >= 0 else self.left_at
 
     def match(self, op: Op, inputs: tuple, attrs: dict, layout: str, grad: bool) -> Entry | None:
         """The plan's next entry when this op equals it (the caller runs it fast), else None (the
-        caller runs the full ``apply`` and calls :meth:`record`)."""
+        caller runs the full ``apply`` and calls :meth:`record`).  Called for every op of a
+        default-mode call: comparisons are inlined, identity first."""
         pos = self.pos
         if pos < 0:
             return None
@@ -121,35 +138,27 @@ class Cursor:
                 if e.slow:
                     self.pos = pos + 1  # the same op, run through the full apply: still on the plan
                     return None
-                if self._same_attrs(e, attrs) and self._same_inputs(e, inputs):
+                same = attrs is e.attrs or _same_attrs(e, attrs)
+                if same:
+                    for t, (shape, dtype, be, rg, state) in zip(inputs, e.ins):
+                        td = t.dtype
+                        if (t.shape != shape or (td is not dtype and td != dtype) or t._be is not be
+                                or t.requires_grad != rg):
+                            same = False
+                            break
+                        if state:
+                            if input_state(t) != state:
+                                same = False
+                                break
+                        elif t._node is not None or t._data is None:
+                            same = False
+                            break
+                if same:
                     self.pos = pos + 1
                     return e
         self.fresh = plan[:pos]
-        self.pos = -1
+        self.left_at, self.pos = pos, -1
         return None
-
-    @staticmethod
-    def _same_attrs(e: Entry, attrs: dict) -> bool:
-        if attrs is e.attrs:
-            return True
-        try:
-            if attrs != e.attrs:
-                return False
-        except Exception:  # noqa: BLE001 - an array attribute where the plan's is plain
-            return False
-        return attr_types(attrs) == e.types
-
-    @staticmethod
-    def _same_inputs(e: Entry, inputs: tuple) -> bool:
-        for t, (shape, dtype, be, rg, state) in zip(inputs, e.ins):
-            if t.shape != shape or t.dtype != dtype or t._be is not be or t.requires_grad != rg:
-                return False
-            if state:
-                if input_state(t) != state:
-                    return False
-            elif t._node is not None or t._data is None:
-                return False
-        return True
 
     def record(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
                result: Any, scalar: Any) -> None:
@@ -161,7 +170,7 @@ class Cursor:
     def leave(self) -> None:
         """Leave the plan at the entry just matched (its op then runs, and is recorded, eagerly)."""
         self.fresh = self.plan[:self.pos - 1]
-        self.pos = -1
+        self.left_at, self.pos = self.pos - 1, -1
 
     def finished(self) -> list | None:
         """The plan the next call should match (None: keep the current one)."""
