@@ -187,7 +187,7 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             entry = cursor.match(op, inputs, attrs, layout, _grad_enabled.get())
             if entry is not None:
                 if _tables.get(be.name, EMPTY).get(entry.key) is entry.kernel:
-                    return _run_planned(entry, op, inputs, attrs, layout, arrays)
+                    return _run_planned(cursor, entry, op, inputs, attrs, layout, arrays)
                 cursor.leave()  # the registry's kernel changed since the plan was recorded
         else:
             cursor = None  # a pass being captured: its ops are not part of the call's plan
@@ -237,7 +237,7 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     return result
 
 
-def _run_planned(entry: Any, op: Op, inputs: tuple, attrs: dict, layout: str, arrays: Sequence[Any]):
+def _run_planned(cursor: Any, entry: Any, op: Op, inputs: tuple, attrs: dict, layout: str, arrays: Sequence[Any]):
     """``apply`` for an op equal to its forward-plan ``entry`` (polygrad.compile.forward_plan):
     the entry's inference, kernel and node layout, everything else as ``apply`` does it."""
     first = inputs[0]
@@ -264,6 +264,7 @@ def _run_planned(entry: Any, op: Op, inputs: tuple, attrs: dict, layout: str, ar
         else:
             kept = tuple(t if k else stand_in(t) for t, k in zip(inputs, keep))
         result._node = Node(op, kept, attrs, layout, be, scalar)
+    cursor.produced(result._node)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)

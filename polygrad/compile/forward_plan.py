@@ -22,6 +22,7 @@ backward plan being recorded) are neither matched nor recorded.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -78,11 +79,16 @@ class Entry:
     """One op of a forward plan: what it was applied to and the decisions ``apply`` made for it."""
 
     __slots__ = ("op", "layout", "attrs", "types", "ins", "grad", "kernel", "key", "be", "shape", "dtype",
-                 "node", "keep", "slow")
+                 "node", "keep", "slow", "refs", "recipes")
 
     def __init__(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
-                 result: Any, scalar: Any) -> None:
+                 result: Any, scalar: Any, refs: tuple | None) -> None:
         self.op = op
+        #: where each input that requires grad came from in the call (Cursor.refs); None: from outside
+        self.refs = refs
+        #: the backward shortcuts of the graph ending at this entry's output (backward_plan.Recipe),
+        #: by the leaves' state when backward was called
+        self.recipes: list = []
         self.layout = layout
         self.attrs = attrs
         self.types = attr_types(attrs)
@@ -111,13 +117,60 @@ class Cursor:
     ``pos`` is the next entry to match, or -1 once the call has left the plan; ``fresh`` is then
     the plan this call issues (the matched prefix, then every op recorded as it ran)."""
 
-    __slots__ = ("plan", "pos", "fresh", "left_at")
+    __slots__ = ("plan", "pos", "fresh", "left_at", "made", "index", "leaves", "leaf_ids", "whole")
 
     def __init__(self, plan: list) -> None:
         self.plan = plan
         self.pos = 0
         self.fresh: list | None = None
         self.left_at = -1  # the position the call left the plan at (-1: it did not)
+        # the graph this call made, for the backward shortcut (backward_plan): each op's node
+        # (weakly: a graph the step drops is freed as eagerly), by position and by id, the leaves
+        # that require grad in the order the ops used them, and whether every op's inputs came
+        # from the same positions and leaves as when its entry was recorded
+        self.made: list = []
+        self.index: dict[int, int] = {}
+        self.leaves: list = []
+        self.leaf_ids: dict[int, int] = {}
+        self.whole = True
+
+    def refs(self, inputs: tuple) -> tuple | None:
+        """Where each input that requires grad comes from: ``(0, k)`` the output of this call's op
+        ``k``, ``(1, n)`` its ``n``-th leaf; None when one comes from outside (another call's graph,
+        an op run while a pass was captured)."""
+        out: tuple | None = ()
+        for t in inputs:
+            if not t.requires_grad:
+                if out is not None:
+                    out += (None,)
+                continue
+            node = t._node
+            if node is None:
+                n = self.leaf_ids.get(id(t))
+                if n is None:
+                    n = self.leaf_ids[id(t)] = len(self.leaves)
+                    self.leaves.append(t)
+                if out is not None:
+                    out += ((1, n),)
+            else:
+                k = self.index.get(id(node))
+                if k is None or self.made[k]() is not node:  # (an id of a node since freed)
+                    out = None  # the leaves after it are still numbered, for the next entries
+                elif out is not None:
+                    out += ((0, k),)
+        return out
+
+    def produced(self, node: Any) -> None:
+        """The node (or None) the op at the current position made."""
+        if node is None:
+            self.made.append(None)
+        else:
+            self.index[id(node)] = len(self.made)
+            self.made.append(weakref.ref(node))
+
+    def entry_at(self, k: int) -> Entry:
+        """The entry of this call's ``k``-th op (on the plan or recorded)."""
+        return self.plan[k] if self.pos >= 0 else self.fresh[k]  # type: ignore[index]
 
     @property
     def matched(self) -> int:
@@ -155,6 +208,9 @@ class Cursor:
                             break
                 if same:
                     self.pos = pos + 1
+                    refs = self.refs(inputs)
+                    if refs is None or refs != e.refs:
+                        self.whole = False
                     return e
         self.fresh = plan[:pos]
         self.left_at, self.pos = pos, -1
@@ -163,9 +219,15 @@ class Cursor:
     def record(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
                result: Any, scalar: Any) -> None:
         """An op the full ``apply`` ran: part of the plan this call issues once off the plan."""
+        refs = self.refs(inputs)
+        if refs is None:
+            self.whole = False
         if self.pos < 0:
             assert self.fresh is not None
-            self.fresh.append(Entry(op, layout, attrs, inputs, grad, kernel, result, scalar))
+            self.fresh.append(Entry(op, layout, attrs, inputs, grad, kernel, result, scalar, refs))
+        elif self.plan[self.pos - 1].refs != refs:  # a slow entry of the plan
+            self.whole = False
+        self.produced(result._node)
 
     def leave(self) -> None:
         """Leave the plan at the entry just matched (its op then runs, and is recorded, eagerly)."""

@@ -21,7 +21,7 @@ import polygrad as pg
 from .test_compile_modes import assert_bitwise
 
 OPS = ["add", "mul", "sub_x", "relu", "tanh", "scale", "matmul", "sum_keep", "square"]
-VARIATIONS = ["same", "same", "op", "param", "shape", "rg", "no_grad", "drop_tail"]
+VARIATIONS = ["same", "same", "op", "param", "shape", "rg", "no_grad", "drop_tail", "keep_grads", "rg_late"]
 BACKWARDS = ["one", "one", "none", "two"]
 CALLS = 6
 
@@ -60,9 +60,10 @@ def run(spec: dict, compiled: bool) -> tuple[list, Any]:
     params = [pg.tensor(rng.normal(size=(3, 3)), requires_grad=True) for _ in range(3)]
     xs = {n: pg.tensor(rng.normal(size=(n, 3))) for n in (3, 5)}
 
-    def step(ops: list, n: int, backwards: str, no_grad_at: int) -> list:
-        for p in params:
-            p.grad = None
+    def step(ops: list, n: int, backwards: str, no_grad_at: int, keep_grads: bool, late: Any) -> list:
+        if not keep_grads:  # else gradients accumulate into last call's
+            for p in params:
+                p.grad = None
         x = xs[n]
         losses = []
         h = x
@@ -75,6 +76,8 @@ def run(spec: dict, compiled: bool) -> tuple[list, Any]:
                 h = _op(h, kind, params[k], x)
         loss = (h * h).mean() + params[0].sum() * 0.0
         losses.append(loss.item())
+        if late is not None:  # requires_grad flipped between the forward and the backward
+            late.requires_grad = False
         if backwards != "none":
             loss.backward()
         if backwards == "two":  # a second loss from a fresh forward, backpropagated too
@@ -92,7 +95,7 @@ def run(spec: dict, compiled: bool) -> tuple[list, Any]:
     ops = list(spec["base"])
     for variation, at, kind, k, backwards in spec["calls"]:
         at = at % len(ops)
-        n, no_grad_at, flipped = 3, -1, None
+        n, no_grad_at, flipped, keep, late = 3, -1, None, False, None
         call_ops = list(ops)
         if variation == "op":
             call_ops[at] = (kind, call_ops[at][1])
@@ -107,8 +110,12 @@ def run(spec: dict, compiled: bool) -> tuple[list, Any]:
             no_grad_at = at
         elif variation == "drop_tail":
             call_ops = call_ops[:at + 1]
+        elif variation == "keep_grads":
+            keep = True
+        elif variation == "rg_late":
+            late = flipped = params[k]
         try:
-            seen.append(fn(call_ops, n, backwards, no_grad_at))
+            seen.append(fn(call_ops, n, backwards, no_grad_at, keep, late))
         except Exception as exc:  # noqa: BLE001 - eager's error must be compiled's too
             seen.append(f"{type(exc).__name__}: {exc}")
         if flipped is not None:
@@ -158,6 +165,7 @@ def test_steady_step_matches_every_op_and_plans_its_backward() -> None:
     assert fn.stats["forward_left"] == left  # the fourth call never left the plan
     assert fn.stats["forward_matched"] - before == len(fn._forward_plan) > 20
     assert fn.plans.stats["planned"] >= 2
+    assert fn.plans.stats["shortcut"] >= 1  # the whole forward walked the plan: no toposort
 
 
 @pytest.mark.parametrize("change", ["other_parameter", "requires_grad", "grad_mode", "dtype", "kernel"])
