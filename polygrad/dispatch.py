@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+from weakref import ref as _weakref
 import threading
 import warnings
 from collections import Counter
@@ -256,15 +257,19 @@ def _run_planned(cursor: Any, entry: Any, op: Op, inputs: tuple, attrs: dict, la
     except Exception as exc:  # noqa: BLE001 - as in apply
         out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
     result = first._new(out, be, shape, dtype)
+    made = cursor.made
     if entry.node:
         result.requires_grad = True
         keep = entry.keep
         if keep is None:
             kept = inputs
         else:
-            kept = tuple(t if k else stand_in(t) for t, k in zip(inputs, keep))
-        result._node = Node(op, kept, attrs, layout, be, scalar)
-    cursor.produced(result._node)
+            kept = tuple([t if k else stand_in(t) for t, k in zip(inputs, keep)])
+        result._node = node = Node(op, kept, attrs, layout, be, scalar)
+        cursor.index[id(node)] = len(made)  # cursor.produced(node), inlined
+        made.append(_weakref(node))
+    else:
+        made.append(None)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
