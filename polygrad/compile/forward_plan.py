@@ -160,6 +160,25 @@ class Cursor:
                     out += ((0, k),)
         return out
 
+    def _same_refs(self, inputs: tuple, refs: tuple | None) -> bool:
+        """Whether :meth:`refs` of ``inputs`` would equal ``refs`` (new leaves are numbered)."""
+        if refs is None:
+            return False
+        for t, r in zip(inputs, refs):
+            if r is None:  # no grad (requires_grad was matched)
+                continue
+            node = t._node
+            if node is None:
+                n = self.leaf_ids.get(id(t))
+                if n is None:
+                    n = self.leaf_ids[id(t)] = len(self.leaves)
+                    self.leaves.append(t)
+                if r[0] != 1 or r[1] != n:
+                    return False
+            elif r[0] != 0 or (made := self.made[r[1]]) is None or made() is not node:
+                return False
+        return True
+
     def produced(self, node: Any) -> None:
         """The node (or None) the op at the current position made."""
         if node is None:
@@ -208,9 +227,8 @@ class Cursor:
                             break
                 if same:
                     self.pos = pos + 1
-                    refs = self.refs(inputs)
-                    if refs is None or refs != e.refs:
-                        self.whole = False
+                    if self.whole:  # Cursor.refs(inputs) == e.refs, inlined (once not whole: not needed)
+                        self.whole = self._same_refs(inputs, e.refs)
                     return e
         self.fresh = plan[:pos]
         self.left_at, self.pos = pos, -1
