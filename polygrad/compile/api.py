@@ -200,8 +200,8 @@ class Compiled:
         return self if obj is None else types.MethodType(self, obj)
 
     def clear(self) -> None:
-        """Forget every capture, backward plan and remembered inference (the next calls warm up,
-        capture and plan again)."""
+        """Forget every capture, forward and backward plan and remembered inference (the next
+        calls warm up, capture and plan again)."""
         with self._lock:
             self._cache.clear()
             self.plans = BackwardPlans()
@@ -218,8 +218,9 @@ def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int =
 
     Default mode: ``fn``'s Python runs on every call -- branches on ``loss.item()``,
     ``clip_grad_norm_``, warm-ups, appends, freezing and ``eval()`` all behave as eagerly -- and
-    polygrad's per-op work is what is saved (remembered inference, backward plans for graph
-    structures seen before).  Bit for bit eager, by construction::
+    polygrad's per-op work is what is saved (each op matched against the ops the last call
+    issued and run with the decisions recorded for it, backward plans for graph structures seen
+    before).  Bit for bit eager, by construction::
 
         @pg.compile
         def train_step(x, y):

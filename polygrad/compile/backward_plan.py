@@ -21,6 +21,14 @@ scalar-decomposed (fallen-back) node, a backward that read values on the host, d
 numbers or delivered a gradient no kernel produced, ``retain_graph``/``create_graph``/an explicit
 ``grad``, validation mode, event listeners, and a kernel that raises during the plan (the plan is
 dropped; the graph is intact until the plan finished, so the eager pass starts clean).
+
+Finding the structure (ordering the graph, building its key) costs about as much as a third of the
+plan's kernels.  A call whose forward walked its forward plan with the same identities
+(``forward_plan.Cursor.whole``: every input from the same earlier op or leaf as when the plan was
+recorded) made the graph the plan's entry for the root last saw; a :class:`Recipe` stored on that
+entry finds the graph's tensors, nodes and leaves from the root by input slots, re-checks what the
+forward plan does not fix (``requires_grad`` of every node input now, each leaf's ``.grad``, freed
+or fallen-back nodes) and runs the plan; anything else takes the full path above.
 """
 from __future__ import annotations
 
