@@ -158,7 +158,7 @@ class BackwardPlans:
             k = cursor.index.get(id(root._node))
             if k is not None and cursor.made[k]() is root._node:
                 entry = cursor.entry_at(k)  # the graph is this call's, made as the plan's was
-                for recipe in entry.recipes:
+                for recipe in tuple(entry.recipes):  # another thread may store one
                     if self._shortcut(recipe, root, tables):
                         self.stats["planned"] += 1
                         self.stats["shortcut"] += 1
