@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+from weakref import ref as _weakref
 import threading
 import warnings
 from collections import Counter
@@ -30,7 +31,7 @@ from .config import config
 from .dtypes import needs_cast, promote
 from .errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from .events import hook_failures
-from .graph import Node, saved_inputs
+from .graph import Node, saved_inputs, stand_in
 from .inference import _RULES as _infer_rules
 from .ops import NON_DIFFERENTIABLE, Op, kernel_key
 from .registry import registry
@@ -41,6 +42,10 @@ _recording: ContextVar[Any] = ContextVar("polygrad_recording", default=None)
 #: a ``pg.compile`` default-mode call's inference results (None: not in one): each op's output
 #: shape and dtype, keyed by everything inference reads (op, operand shapes and dtypes, attributes)
 _inference_memo: ContextVar[Any] = ContextVar("polygrad_inference_memo", default=None)
+#: a ``pg.compile`` default-mode call's walk along its forward plan (None: not in one): each op is
+#: matched against the plan's next entry and, when equal, run with the entry's decisions
+#: (polygrad.compile.forward_plan)
+_forward: ContextVar[Any] = ContextVar("polygrad_forward_plan", default=None)
 _events = registry.events
 _tables = registry.tables
 EMPTY: dict = {}
@@ -177,6 +182,16 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             array_list.append(t._data)
             needs_grad = needs_grad or t.requires_grad
         shapes, dtypes, arrays = tuple(shape_list), tuple(dtype_list), array_list
+    cursor = _forward.get()
+    if cursor is not None:
+        if _recording.get() is None and not config.validate:
+            entry = cursor.match(op, inputs, attrs, layout, _grad_enabled.get())
+            if entry is not None:
+                if _tables.get(be.name, EMPTY).get(entry.key) is entry.kernel:
+                    return _run_planned(cursor, entry, op, inputs, attrs, layout, arrays)
+                cursor.leave()  # the registry's kernel changed since the plan was recorded
+        else:
+            cursor = None  # a pass being captured: its ops are not part of the call's plan
     memo = _inference_memo.get()
     if memo is None:
         shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
@@ -188,6 +203,7 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         memory.check(str(op), need, backend=be,
                      what=f"its {dtype} output of shape {shape} (operands {', '.join(map(str, shapes))})")
     scalar = None
+    kernel = None
     try:
         kernel = _tables.get(be.name, EMPTY).get(kernel_key(op, layout))
         if kernel is None:
@@ -214,6 +230,46 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
                             be, scalar)
     if rec is not None:  # pg.compile is capturing this step (polygrad.capture)
         rec.kernel(op, layout, be, inputs, attrs, result)
+    elif cursor is not None:  # pg.compile's default mode: the op joins the call's forward plan
+        cursor.record(op, layout, attrs, inputs, _grad_enabled.get(), kernel, result, scalar)
+    ev = _events["polygrad_op_executed"]
+    if ev is not None:
+        ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
+    return result
+
+
+def _run_planned(cursor: Any, entry: Any, op: Op, inputs: tuple, attrs: dict, layout: str, arrays: Sequence[Any]):
+    """``apply`` for an op equal to its forward-plan ``entry`` (polygrad.compile.forward_plan):
+    the entry's inference, kernel and node layout, everything else as ``apply`` does it."""
+    first = inputs[0]
+    be = first._be
+    shape, dtype = entry.shape, entry.dtype
+    kernel = entry.kernel
+    scalar = None
+    try:
+        out = kernel(*arrays, **attrs)
+        if be.shape(out) != shape or be.dtype(out) != dtype:
+            raise _contradiction(be, op, layout, out, shape, dtype)
+    except KernelFault as exc:
+        out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
+    except PolygradError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - as in apply
+        out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
+    result = first._new(out, be, shape, dtype)
+    made = cursor.made
+    if entry.node:
+        result.requires_grad = True
+        keep = entry.keep
+        if keep is None:
+            kept = inputs
+        else:
+            kept = tuple([t if k else stand_in(t) for t, k in zip(inputs, keep)])
+        result._node = node = Node(op, kept, attrs, layout, be, scalar)
+        cursor.index[id(node)] = len(made)  # cursor.produced(node), inlined
+        made.append(_weakref(node))
+    else:
+        made.append(None)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)

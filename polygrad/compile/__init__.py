@@ -8,11 +8,18 @@ host read (``loss.item()``, ``float()``, ``.numpy()``) and side effect happens e
 firing, a learning-rate warm-up computed in the step keeps warming up, ``losses.append(loss)``
 appends every call, and parameters frozen, groups added, ``model.eval()``, a numpy mask edited in
 place or a coefficient or graph swapped between calls all take effect.  What it saves is the
-per-op work polygrad repeats from call to call: inference results are remembered per operand
-shapes, dtypes and attributes, and each backward pass through a graph whose *structure* was seen
-before runs as a plan -- the kernels eager ran for that structure, as one generated function over
-this call's arrays (:mod:`polygrad.compile.backward_plan`).  Correct by construction: a plan is
-used only for the structure it was recorded for, and anything it cannot reproduce runs eagerly.
+per-op work polygrad repeats from call to call: each op the Python issues is matched against the
+*forward plan* -- the ops the last call issued, with what ``apply`` decided for each (inference,
+kernel, which inputs the graph node keeps) -- and an equal one (op, attributes, operand shapes,
+dtypes, backends, ``requires_grad``, grad mode) runs its kernel with those decisions; the first op
+that differs runs, with the rest of the call, the full eager way and the plan is re-recorded
+(:mod:`polygrad.compile.forward_plan`).  Each backward pass through a graph whose *structure* was
+seen before runs as a plan -- the kernels eager ran for that structure, as one generated function
+over this call's arrays (:mod:`polygrad.compile.backward_plan`) -- and when the whole forward
+walked its plan with the same identities (each input from the same earlier op or leaf) the graph
+is not even ordered again: a recipe recorded with the plan finds its tensors.  Correct by
+construction: the kernels, arguments and order are eager's, a plan is used only for what it was
+recorded for, and anything it cannot reproduce runs eagerly.
 
 **Pure mode** (``pg.compile(fn, pure=True)``): the step's Python does not run at all once it is
 captured; its kernels are replayed.  Much faster, for steps whose author promises -- as with

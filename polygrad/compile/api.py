@@ -8,13 +8,14 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..config import config
-from ..dispatch import _inference_memo, _recording, is_grad_enabled, registry
+from ..dispatch import _forward, _inference_memo, _recording, is_grad_enabled, registry
 from ..registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
 from ..autodiff import backward_plans
 from .backward_plan import BackwardPlans
 from .executor import _HostFailed, prepare, run
+from .forward_plan import Cursor
 from .guards import _modules_of, flatten_call, contents, python_changed, python_state
 from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
 from .recorder import _Recorder
@@ -33,9 +34,11 @@ class _Entry:
 
 class Compiled:
     """``fn`` compiled (see :func:`compile`): ``pure`` says which mode.  ``stats`` counts eager
-    calls (every default-mode call is one), captures, replays, re-captures, dropped captures and
-    refusals; ``reason`` says why the last refused capture was refused; ``plans.stats`` counts the
-    default mode's backward passes run through a plan, recorded and run eagerly."""
+    calls (every default-mode call is one), captures, replays, re-captures, dropped captures,
+    refusals, the default mode's ops matched against its forward plan (``forward_matched``) and
+    its calls that left the plan (``forward_left``); ``reason`` says why the last refused capture
+    was refused; ``plans.stats`` counts the default mode's backward passes run through a plan,
+    recorded and run eagerly."""
 
     def __init__(self, fn: Callable, cache_size: int = 8, warmup: int = 1, modules: Any = None,
                  enabled: bool = True, pure: bool = False):
@@ -64,8 +67,10 @@ class Compiled:
         self._cache: OrderedDict = OrderedDict()
         self.plans = BackwardPlans()  # the default mode's backward plans
         self._inferred: dict = {}  # and its memo of inference results (see dispatch._memo_infer)
+        self._forward_plan: list = []  # and the ops its last call issued (see forward_plan)
         self._lock = threading.Lock()
-        self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0}
+        self.stats = {"eager": 0, "captures": 0, "replays": 0, "recaptures": 0, "dropped": 0, "refused": 0,
+                      "forward_matched": 0, "forward_left": 0}
         self.reason = ""
         self.__wrapped__ = fn
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -102,11 +107,20 @@ class Compiled:
             self.stats["eager"] += 1
             token = backward_plans.set(self.plans)  # its backward passes run through plans
             memo = _inference_memo.set(self._inferred)  # and its ops' inference is remembered
+            cursor = Cursor(self._forward_plan)
+            walk = _forward.set(cursor)  # its ops are matched against the last call's
             try:
-                return self.fn(*args, **kwargs)
+                out = self.fn(*args, **kwargs)
             finally:
+                _forward.reset(walk)
                 _inference_memo.reset(memo)
                 backward_plans.reset(token)
+            self.stats["forward_matched"] += cursor.matched
+            self.stats["forward_left"] += cursor.pos < 0
+            plan = cursor.finished()
+            if plan is not None:  # the call left the plan (or issued fewer ops): its ops are the next
+                self._forward_plan = plan
+            return out
         flat, key = self._key(args, kwargs)
         entry = self._entry(key)
         cap = entry.capture
@@ -186,12 +200,13 @@ class Compiled:
         return self if obj is None else types.MethodType(self, obj)
 
     def clear(self) -> None:
-        """Forget every capture, backward plan and remembered inference (the next calls warm up,
-        capture and plan again)."""
+        """Forget every capture, forward and backward plan and remembered inference (the next
+        calls warm up, capture and plan again)."""
         with self._lock:
             self._cache.clear()
             self.plans = BackwardPlans()
             self._inferred = {}
+            self._forward_plan = []
 
 
 def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int = 8, warmup: int = 1,
@@ -203,8 +218,9 @@ def compile(fn: Callable | None = None, *, pure: bool = False, cache_size: int =
 
     Default mode: ``fn``'s Python runs on every call -- branches on ``loss.item()``,
     ``clip_grad_norm_``, warm-ups, appends, freezing and ``eval()`` all behave as eagerly -- and
-    polygrad's per-op work is what is saved (remembered inference, backward plans for graph
-    structures seen before).  Bit for bit eager, by construction::
+    polygrad's per-op work is what is saved (each op matched against the ops the last call
+    issued and run with the decisions recorded for it, backward plans for graph structures seen
+    before).  Bit for bit eager, by construction::
 
         @pg.compile
         def train_step(x, y):

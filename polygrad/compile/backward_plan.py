@@ -21,6 +21,14 @@ scalar-decomposed (fallen-back) node, a backward that read values on the host, d
 numbers or delivered a gradient no kernel produced, ``retain_graph``/``create_graph``/an explicit
 ``grad``, validation mode, event listeners, and a kernel that raises during the plan (the plan is
 dropped; the graph is intact until the plan finished, so the eager pass starts clean).
+
+Finding the structure (ordering the graph, building its key) costs about as much as a third of the
+plan's kernels.  A call whose forward walked its forward plan with the same identities
+(``forward_plan.Cursor.whole``: every input from the same earlier op or leaf as when the plan was
+recorded) made the graph the plan's entry for the root last saw; a :class:`Recipe` stored on that
+entry finds the graph's tensors, nodes and leaves from the root by input slots, re-checks what the
+forward plan does not fix (``requires_grad`` of every node input now, each leaf's ``.grad``, freed
+or fallen-back nodes) and runs the plan; anything else takes the full path above.
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ import numpy as np
 from ..autodiff import _accumulate_lock, _data_or_stand_in
 from ..backend import Backend
 from ..config import config
-from ..dispatch import _recording, registry
+from ..dispatch import _forward, _recording, registry
 from ..graph import toposort
 from ..tensor import Tensor
 from .program import BACKWARD, FUSED, GRAD, KERNEL, LOAD, _same, _ShapeMismatch
@@ -135,7 +143,7 @@ class BackwardPlans:
     def __init__(self) -> None:
         self._plans: dict[tuple, list[_Plan]] = {}
         self._lock = threading.Lock()
-        self.stats = {"planned": 0, "recorded": 0, "eager": 0}
+        self.stats = {"planned": 0, "recorded": 0, "eager": 0, "shortcut": 0}
 
     def backward(self, root: Tensor, eager: Callable[[], None]) -> None:
         """``root.backward()`` through a plan when one fits, else ``eager()`` (recording a plan)."""
@@ -143,6 +151,18 @@ class BackwardPlans:
                 or registry.events["polygrad_backward_finished"] is not None):
             eager()
             return
+        tables = _tables()
+        cursor = _forward.get()
+        entry: Any = None
+        if cursor is not None and cursor.whole and root._node is not None:
+            k = cursor.index.get(id(root._node))
+            if k is not None and cursor.made[k]() is root._node:
+                entry = cursor.entry_at(k)  # the graph is this call's, made as the plan's was
+                for recipe in tuple(entry.recipes):  # another thread may store one
+                    if self._shortcut(recipe, root, tables):
+                        self.stats["planned"] += 1
+                        self.stats["shortcut"] += 1
+                        return
         order = toposort([root])
         key, attrs, nodes, leaves = _structure(order)
         if not key:
@@ -152,11 +172,14 @@ class BackwardPlans:
         key = (key, root.shape, root.dtype)
         with self._lock:
             candidates = list(self._plans.get(key, ()))
-        tables = _tables()
         for plan in candidates:
             if plan.tables == tables and _attrs_match(plan, attrs):
+                recipe = _recipe(key, plan, order, nodes, leaves) if entry is not None else None
                 if self._run(plan, order, nodes, leaves):
                     self.stats["planned"] += 1
+                    if recipe is not None and entry is not None:
+                        entry.recipes.insert(0, recipe)
+                        del entry.recipes[2:]
                     return
                 with self._lock:  # a kernel failed: forget the plan, run (and record) eagerly
                     kept = self._plans.get(key, [])
@@ -201,6 +224,19 @@ class BackwardPlans:
                     self._plans.pop(next(iter(self._plans)))
             self.stats["recorded"] += 1
 
+    def _shortcut(self, recipe: "Recipe", root: Tensor, tables: tuple) -> bool:
+        """Run ``recipe``'s plan over ``root``'s graph without ordering it, when it still applies."""
+        plan = recipe.plan
+        if plan.tables != tables or plan not in self._plans.get(recipe.key, ()):
+            return False
+        got = recipe.materialize(root)
+        if got is None:
+            return False
+        order, nodes, leaves = got
+        if self._run(plan, order, nodes, leaves):
+            return True
+        return False  # the caller's full path finds the plan again, runs it eagerly and drops it
+
     @staticmethod
     def _run(plan: _Plan, order: list, nodes: list, leaves: list) -> bool:
         bound = []
@@ -222,6 +258,76 @@ class BackwardPlans:
         for i in plan.freed:
             nodes[i].free()
         return True
+
+
+class Recipe:
+    """How a graph made by a default-mode call that walked its forward plan with the same identities
+    (``forward_plan.Cursor.whole``) is ordered, without ``toposort`` and the structure key: each
+    tensor of the order as the input slot ``(c, j)`` of a later node (the root last), each leaf
+    likewise, and what the structure key read that the forward plan does not fix -- which inputs
+    require grad now, which leaves have a ``.grad`` -- to be checked again."""
+
+    __slots__ = ("key", "plan", "slots", "leaf_slots", "rgs", "grads")
+
+    def __init__(self, key: tuple, plan: _Plan, slots: list, leaf_slots: list, rgs: list, grads: tuple):
+        self.key = key
+        self.plan = plan
+        self.slots = slots
+        self.leaf_slots = leaf_slots
+        self.rgs = rgs
+        self.grads = grads
+
+    def materialize(self, root: Tensor) -> tuple[list, list, list] | None:
+        """(order, nodes, leaves) of ``root``'s graph as ``_structure`` would give them, or None when
+        the graph differs from the recorded one in what the forward plan did not fix."""
+        n = len(self.slots) + 1
+        order: list = [None] * n
+        nodes: list = [None] * n
+        order[-1] = root
+        nodes[-1] = node = root._node
+        rgs = self.rgs
+        if node is None or node.inputs is None or node.scalar is not None or _rgs(node) != rgs[-1]:
+            return None
+        for i in range(n - 2, -1, -1):
+            c, j = self.slots[i]
+            t = nodes[c].inputs[j]
+            node = t._node
+            if node is None or node.inputs is None or node.scalar is not None or _rgs(node) != rgs[i]:
+                return None
+            order[i] = t
+            nodes[i] = node
+        leaves = [nodes[c].inputs[j] for c, j in self.leaf_slots]
+        if _grads(leaves) != self.grads:
+            return None
+        return order, nodes, leaves
+
+
+def _rgs(node: Any) -> tuple:
+    return tuple([inp.requires_grad for inp in node.inputs])
+
+
+def _grads(leaves: list) -> tuple:
+    return tuple([None if (g := leaf.grad) is None else (type(g), g.shape, g.dtype, g._be.name) for leaf in leaves])
+
+
+def _recipe(key: tuple, plan: _Plan, order: list, nodes: list, leaves: list) -> Recipe | None:
+    """The recipe of a graph ``_structure`` ordered (before a plan frees it), or None."""
+    last = len(order) - 1
+    position = {id(t): i for i, t in enumerate(order)}
+    slots: list = [None] * last
+    leaf_at = {id(leaf): n for n, leaf in enumerate(leaves)}
+    leaf_slots: list = [None] * len(leaves)
+    for c in range(last, -1, -1):
+        for j, inp in enumerate(nodes[c].inputs):
+            i = position.get(id(inp))
+            if i is not None and i < c and slots[i] is None:
+                slots[i] = (c, j)
+            n = leaf_at.get(id(inp))
+            if n is not None and leaf_slots[n] is None:
+                leaf_slots[n] = (c, j)
+    if any(s is None for s in slots) or any(s is None for s in leaf_slots):
+        return None
+    return Recipe(key, plan, slots, leaf_slots, [_rgs(node) for node in nodes], _grads(leaves))
 
 
 def _array_at(position: tuple, order: list, nodes: list, leaves: list) -> Any:
