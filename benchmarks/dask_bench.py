@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks._harness import optional_import, register, skipped_row

@@ -112,7 +112,8 @@ def run(quick: bool) -> dict:
         missing = "torch" if torch is None else "torch_geometric"
         rows.append(skipped_row(missing, section="epoch",
                                 reason=f"skipped: the PyG baseline needs torch and torch_geometric; {missing} is not "
-                                       "installed (pip install 'polygrad-core[bench]'); polygrad's figure above stands alone"))
+                                       "installed (pip install 'polygrad-core[bench]'); "
+                                       "polygrad's figure above stands alone"))
         summary["ratio_polygrad_over_pyg"] = None
     summary["threads"] = threads.how
     rows.append({"section": "setup", "impl": f"{data_desc}: {ds.num_nodes} nodes, {ds.num_edges} edges",

@@ -2,7 +2,8 @@
 
 The graph: ``random_graph`` with 1,000,000 nodes and 10,000,000 edge_index columns (the size of
 the ``scale`` benchmark; ``--quick``: 100,000 / 1,000,000), 64 float32 N(0, 1) features per node
-and 4 classes from a planted teacher (built once, saved, loaded by each worker) ``argmax(x R1 + mean_neighbours(x) R2)``, so a GraphSAGE can
+and 4 classes from a planted teacher (built once, saved, loaded by each worker)
+``argmax(x R1 + mean_neighbours(x) R2)``, so a GraphSAGE can
 learn it from features and neighbourhoods.  10% of the nodes train.
 
 Two runs of the same model (SAGEConv 64 -> 16 -> 4, mean aggregation, ReLU, no dropout, Adam lr

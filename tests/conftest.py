@@ -1,7 +1,6 @@
 """Shared fixtures: backends to parametrise over, and the path to the Planetoid data."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

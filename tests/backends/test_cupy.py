@@ -598,7 +598,8 @@ def test_csr_matrix_is_built_once_per_pattern_with_flags_and_int32_indices(monke
     mods = be.modules()
     built = []
     real_csr = mods.sparse.csr_matrix
-    monkeypatch.setattr(mods, "sparse", SimpleNamespace(csr_matrix=lambda *a, **k: built.append(1) or real_csr(*a, **k)))
+    monkeypatch.setattr(mods, "sparse",
+                        SimpleNamespace(csr_matrix=lambda *a, **k: built.append(1) or real_csr(*a, **k)))
     p = random_pattern(12, 10, 0.3, seed=20)
     rng = np.random.default_rng(21)
     x = pg.tensor(rng.standard_normal((10, 8)).astype(np.float32), backend="cupy")

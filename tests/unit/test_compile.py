@@ -405,7 +405,7 @@ def test_fit_compiled_equals_eager():
 from tests.backends.test_cupy import bk, fake_gpu  # noqa: E402,F401 - fixtures: numpy, fake-cupy, cupy
 
 
-def test_compiled_sparse_step_equals_eager_on_each_backend(bk):
+def test_compiled_sparse_step_equals_eager_on_each_backend(bk):  # noqa: F811 - the imported fixture
     def build():
         pg.manual_seed(5)
         rng = np.random.default_rng(5)

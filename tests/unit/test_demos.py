@@ -54,7 +54,8 @@ def test_progress_plain_text_and_disabled():
         bar.update(loss=1.0 / (i + 1))
     bar.close()
     lines = buf.getvalue().splitlines()
-    assert lines[0].startswith("demo 1/50") and lines[-1].startswith("demo 50/50") and len(lines) == 11  # the first, then every 5th
+    assert lines[0].startswith("demo 1/50") and lines[-1].startswith("demo 50/50") and len(lines) == 11
+    # (the first, then every 5th)
     quiet = io.StringIO()
     off = demos.Progress(5, "x", enabled=False, stream=quiet)
     off.update(loss=1.0)

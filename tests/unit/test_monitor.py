@@ -162,8 +162,9 @@ def test_monitor_report_on_cora_gcn():
             line = str(m.step(epoch=epoch, loss=loss.item()))
             assert "spmm/csr 2708x2708 nnz 13264 (0.181%)" in line and "grad_norm" in line and "rss" in line
     for rec in m.steps:
-        s = rec.sparse["spmm/csr 2708x2708"]         # A in both layers (and Aᵀ in the backward
-        assert s.calls >= 2 and s.nnz == 13264      # unless a fused backward kernel serves it) and s.density == pytest.approx(13264 / 2708 ** 2)
+        # A in both layers (and Aᵀ in the backward unless a fused backward kernel serves it)
+        s = rec.sparse["spmm/csr 2708x2708"]
+        assert s.calls >= 2 and s.nnz == 13264 and s.density == pytest.approx(13264 / 2708 ** 2)
         assert np.isfinite(rec.grad_norm) and rec.grad_norm > 0
         assert rec.peak_rss_bytes > 50 * 2**20
     assert m.steps[-1].metrics["loss"] < m.steps[0].metrics["loss"]
