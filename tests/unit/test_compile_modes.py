@@ -77,12 +77,40 @@ def _data(seed: int = 1, n: int = 6, n_in: int = 3) -> tuple[pg.Tensor, pg.Tenso
     return pg.tensor(rng.normal(size=(n, n_in))), pg.tensor(rng.normal(size=(n, 1)))
 
 
+def _regression() -> tuple[nn.Linear, optim.SGD, pg.Tensor, pg.Tensor]:
+    """The model, optimizer and data most cases train: a seeded Linear under SGD on seeded data."""
+    model = _linear()
+    return model, optim.SGD(model.parameters(), lr=0.1), *_data()
+
+
+def _mse_step(model: nn.Linear, opt: optim.SGD, x: pg.Tensor, y: pg.Tensor) -> Callable:
+    """The plain training step (no impurity): one SGD step on the mean squared error."""
+    def step():
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+CHANGE_AT = 5  # the call before which a case's user changes something (after capture and replays)
+
+
+def _calls(f: Callable, change: Callable[[], None]) -> list:
+    """CALLS results of ``f()``, with ``change()`` run once before call CHANGE_AT."""
+    out = []
+    for k in range(CALLS):
+        if k == CHANGE_AT:
+            change()
+        out.append(f())
+    return out
+
+
 # -- the cases (each returns its observations) ------------------------------------------------------
 
 def case_clip_grad_norm_inside_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
 
     def step():
         opt.zero_grad()
@@ -101,9 +129,7 @@ def case_clip_grad_norm_inside_step(mode: Mode) -> list:
 
 
 def case_isfinite_check_on_loss_item(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     skipped = [0]
 
     def step(xb):
@@ -123,9 +149,7 @@ def case_isfinite_check_on_loss_item(mode: Mode) -> list:
 
 
 def case_lr_warmup_computed_in_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     state = {"k": 0}
 
     def step():
@@ -144,9 +168,7 @@ def case_lr_warmup_computed_in_step(mode: Mode) -> list:
 
 
 def case_losses_appended_to_a_list(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     losses: list = []
 
     def step():
@@ -164,23 +186,9 @@ def case_losses_appended_to_a_list(mode: Mode) -> list:
 
 
 def case_requires_grad_false_after_capture(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
-
-    def step():
-        opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        return loss
-
-    f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            model.weight.requires_grad_(False)  # freeze the weight: only the bias trains
-        out.append(f())
+    model, opt, x, y = _regression()
+    f = mode(_mse_step(model, opt, x, y))
+    out = _calls(f, lambda: model.weight.requires_grad_(False))  # freeze the weight: only the bias trains
     return _obs(out + list(model.parameters()))
 
 
@@ -199,11 +207,7 @@ def case_add_param_group_after_capture(mode: Mode) -> list:
         return loss
 
     f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            opt.add_param_group({"params": [w2], "lr": 0.05})
-        out.append(f())
+    out = _calls(f, lambda: opt.add_param_group({"params": [w2], "lr": 0.05}))
     return _obs(out + [w1, w2])
 
 
@@ -223,12 +227,7 @@ def case_eval_mode_reached_through_self_model(mode: Mode) -> list:
     trainer = _Trainer(mode)
     x, _ = _data()
     pg.manual_seed(11)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            trainer.model.eval()
-        out.append(trainer.score(x))
-    return _obs(out)
+    return _obs(_calls(lambda: trainer.score(x), trainer.model.eval))
 
 
 def case_decorator_before_the_model_exists(mode: Mode) -> list:
@@ -240,18 +239,11 @@ def case_decorator_before_the_model_exists(mode: Mode) -> list:
     model = nn.MLP(3, [5, 1], dropout=0.5, dtype=pg.float64)
     x, _ = _data()
     pg.manual_seed(11)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            model.eval()
-        out.append(score(x))
-    return _obs(out)
+    return _obs(_calls(lambda: score(x), model.eval))
 
 
 def case_numpy_mask_edited_in_place(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     mask = np.array([True, False, True, True, False, True])
 
     def step():
@@ -261,19 +253,15 @@ def case_numpy_mask_edited_in_place(mode: Mode) -> list:
         opt.step()
         return loss
 
-    f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            mask[1] = True  # the user edits the mask in place
-        out.append(f())
+    def edit_mask():
+        mask[1] = True  # the user edits the mask in place
+
+    out = _calls(mode(step), edit_mask)
     return _obs(out + list(model.parameters()))
 
 
 def case_closure_coefficient_swapped(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     coef = 0.5
 
     def step():
@@ -283,12 +271,11 @@ def case_closure_coefficient_swapped(mode: Mode) -> list:
         opt.step()
         return loss
 
-    f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            coef = 2.0  # noqa: F841 - read by step through its closure
-        out.append(f())
+    def swap_coefficient():
+        nonlocal coef
+        coef = 2.0  # read by step through its closure
+
+    out = _calls(mode(step), swap_coefficient)
     return _obs(out + list(model.parameters()))
 
 
@@ -307,26 +294,23 @@ def _graph_step(model: nn.Linear, opt: optim.SGD, x: pg.Tensor, y: pg.Tensor) ->
 
 def case_global_graph_swapped(mode: Mode) -> list:
     global GRAPH
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     f = mode(_graph_step(model, opt, x, y))
     saved = GRAPH
-    out = []
+
+    def swap_graph():
+        global GRAPH
+        GRAPH = pg.tensor(np.roll(np.eye(6), 1, axis=1))  # another graph, same shape
+
     try:
-        for k in range(CALLS):
-            if k == 5:
-                GRAPH = pg.tensor(np.roll(np.eye(6), 1, axis=1))  # another graph, same shape
-            out.append(f())
+        out = _calls(f, swap_graph)
     finally:
         GRAPH = saved
     return _obs(out + list(model.parameters()))
 
 
 def case_saliency_leaf_created_in_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    xs, y = _data()
+    model, opt, xs, y = _regression()
     data = xs.numpy().copy()
 
     def step():
@@ -343,9 +327,7 @@ def case_saliency_leaf_created_in_step(mode: Mode) -> list:
 
 
 def case_fgsm_leaf_created_in_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    xs, y = _data()
+    model, opt, xs, y = _regression()
 
     def step(xb):
         x = xb.detach().requires_grad_(True)
@@ -396,18 +378,8 @@ def test_pure_mode_refuses_or_recaptures_never_diverges(case):
 def test_pure_mode_replays_a_step_that_only_issues_ops():
     """The control: the same step without any of the impurities above replays (and agrees)."""
     def run(mode: Mode) -> list:
-        model = _linear()
-        opt = optim.SGD(model.parameters(), lr=0.1)
-        x, y = _data()
-
-        def step():
-            opt.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        f = mode(step)
+        model, opt, x, y = _regression()
+        f = mode(_mse_step(model, opt, x, y))
         return _obs([f() for _ in range(CALLS)] + list(model.parameters()))
 
     pure = Mode("pure")
@@ -466,9 +438,7 @@ def test_fit_reports_its_mode_and_the_default_mode_equals_eager():
     from polygrad.train import fit
 
     def run(compile: Any) -> tuple:
-        model = _linear()
-        opt = optim.SGD(model.parameters(), lr=0.1)
-        x, y = _data()
+        model, opt, x, y = _regression()
         history = fit(model, opt, lambda: ((model(x) - y) ** 2).mean(), 6, rollback_threshold=None, compile=compile)
         return history, _obs(list(model.parameters()))
 
@@ -521,18 +491,8 @@ def test_default_mode_kernel_fault_during_a_backward_plan_runs_the_pass_eagerly(
     from polygrad.testing import inject_fault
 
     def run(wrap: Mode) -> list:
-        model = _linear()
-        opt = optim.SGD(model.parameters(), lr=0.1)
-        x, y = _data()
-
-        def step():
-            opt.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        f = wrap(step)
+        model, opt, x, y = _regression()
+        f = wrap(_mse_step(model, opt, x, y))
         out = [f() for _ in range(3)]  # the plan is recorded, then used
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FallbackWarning)  # eager falls back as well: the point is equality
