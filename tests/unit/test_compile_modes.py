@@ -17,6 +17,7 @@ import pytest
 import polygrad as pg
 from polygrad import nn, optim
 from polygrad.compile import Compiled, CompileError
+from tests.helpers import assert_bitwise, observed, sparse_dropout_step
 
 CALLS = 8
 
@@ -41,30 +42,6 @@ class Mode:
             for k, v in c.stats.items():
                 out[k] = out.get(k, 0) + v
         return out
-
-
-def _obs(x: Any) -> Any:
-    """An observation as plain data (arrays copied)."""
-    if isinstance(x, pg.Tensor):
-        return np.array(x.numpy(), copy=True)
-    if isinstance(x, (list, tuple)):
-        return [_obs(v) for v in x]
-    return x
-
-
-def assert_bitwise(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert a.tobytes() == b.tobytes(), f"{where}: {a} != {b}"
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_bitwise(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), where
-    else:
-        assert a == b and type(a) is type(b), f"{where}: {a!r} != {b!r}"
 
 
 def _linear(seed: int = 0, n_in: int = 3, n_out: int = 1) -> nn.Linear:
@@ -125,7 +102,7 @@ def case_clip_grad_norm_inside_step(mode: Mode) -> list:
     for _ in range(CALLS):
         out.append(f())
         out.append([p.grad for p in model.parameters()])
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_isfinite_check_on_loss_item(mode: Mode) -> list:
@@ -145,7 +122,7 @@ def case_isfinite_check_on_loss_item(mode: Mode) -> list:
     f = mode(step)
     bad = pg.tensor(np.where(np.arange(18).reshape(6, 3) == 4, np.inf, x.numpy()))
     out = [f(bad if k in (5, 6) else x) for k in range(CALLS)]
-    return _obs(out + list(model.parameters())) + [skipped[0]]
+    return observed(out + list(model.parameters())) + [skipped[0]]
 
 
 def case_lr_warmup_computed_in_step(mode: Mode) -> list:
@@ -164,7 +141,7 @@ def case_lr_warmup_computed_in_step(mode: Mode) -> list:
 
     f = mode(step)
     out = [f() for _ in range(CALLS)]
-    return _obs(out + list(model.parameters())) + [state["k"], opt.param_groups[0]["lr"]]
+    return observed(out + list(model.parameters())) + [state["k"], opt.param_groups[0]["lr"]]
 
 
 def case_losses_appended_to_a_list(mode: Mode) -> list:
@@ -182,14 +159,14 @@ def case_losses_appended_to_a_list(mode: Mode) -> list:
     f = mode(step)
     for _ in range(CALLS):
         f()
-    return _obs(losses + list(model.parameters())) + [len(losses)]
+    return observed(losses + list(model.parameters())) + [len(losses)]
 
 
 def case_requires_grad_false_after_capture(mode: Mode) -> list:
     model, opt, x, y = _regression()
     f = mode(_mse_step(model, opt, x, y))
     out = _calls(f, lambda: model.weight.requires_grad_(False))  # freeze the weight: only the bias trains
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_add_param_group_after_capture(mode: Mode) -> list:
@@ -208,7 +185,7 @@ def case_add_param_group_after_capture(mode: Mode) -> list:
 
     f = mode(step)
     out = _calls(f, lambda: opt.add_param_group({"params": [w2], "lr": 0.05}))
-    return _obs(out + [w1, w2])
+    return observed(out + [w1, w2])
 
 
 class _Trainer:
@@ -227,7 +204,7 @@ def case_eval_mode_reached_through_self_model(mode: Mode) -> list:
     trainer = _Trainer(mode)
     x, _ = _data()
     pg.manual_seed(11)
-    return _obs(_calls(lambda: trainer.score(x), trainer.model.eval))
+    return observed(_calls(lambda: trainer.score(x), trainer.model.eval))
 
 
 def case_decorator_before_the_model_exists(mode: Mode) -> list:
@@ -239,7 +216,7 @@ def case_decorator_before_the_model_exists(mode: Mode) -> list:
     model = nn.MLP(3, [5, 1], dropout=0.5, dtype=pg.float64)
     x, _ = _data()
     pg.manual_seed(11)
-    return _obs(_calls(lambda: score(x), model.eval))
+    return observed(_calls(lambda: score(x), model.eval))
 
 
 def case_numpy_mask_edited_in_place(mode: Mode) -> list:
@@ -257,7 +234,7 @@ def case_numpy_mask_edited_in_place(mode: Mode) -> list:
         mask[1] = True  # the user edits the mask in place
 
     out = _calls(mode(step), edit_mask)
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_closure_coefficient_swapped(mode: Mode) -> list:
@@ -276,7 +253,7 @@ def case_closure_coefficient_swapped(mode: Mode) -> list:
         coef = 2.0  # read by step through its closure
 
     out = _calls(mode(step), swap_coefficient)
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 GRAPH = pg.tensor(np.eye(6))
@@ -306,7 +283,7 @@ def case_global_graph_swapped(mode: Mode) -> list:
         out = _calls(f, swap_graph)
     finally:
         GRAPH = saved
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_saliency_leaf_created_in_step(mode: Mode) -> list:
@@ -323,7 +300,7 @@ def case_saliency_leaf_created_in_step(mode: Mode) -> list:
 
     f = mode(step)
     out = [f() for _ in range(CALLS)]
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_fgsm_leaf_created_in_step(mode: Mode) -> list:
@@ -341,7 +318,7 @@ def case_fgsm_leaf_created_in_step(mode: Mode) -> list:
 
     f = mode(step)
     out = [f(xs) for _ in range(CALLS)]
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 CASES = [case_clip_grad_norm_inside_step, case_isfinite_check_on_loss_item, case_lr_warmup_computed_in_step,
@@ -380,7 +357,7 @@ def test_pure_mode_replays_a_step_that_only_issues_ops():
     def run(mode: Mode) -> list:
         model, opt, x, y = _regression()
         f = mode(_mse_step(model, opt, x, y))
-        return _obs([f() for _ in range(CALLS)] + list(model.parameters()))
+        return observed([f() for _ in range(CALLS)] + list(model.parameters()))
 
     pure = Mode("pure")
     assert_bitwise(run(Mode("eager")), run(pure))
@@ -440,7 +417,7 @@ def test_fit_reports_its_mode_and_the_default_mode_equals_eager():
     def run(compile: Any) -> tuple:
         model, opt, x, y = _regression()
         history = fit(model, opt, lambda: ((model(x) - y) ** 2).mean(), 6, rollback_threshold=None, compile=compile)
-        return history, _obs(list(model.parameters()))
+        return history, observed(list(model.parameters()))
 
     (h0, p0), (h1, p1), (h2, p2) = run(False), run(True), run("pure")
     assert (h0.compile_mode, h1.compile_mode, h2.compile_mode) == ("eager", "default", "pure")
@@ -466,7 +443,7 @@ def test_default_mode_gradient_written_in_place_does_not_reach_the_next_call():
             return w.grad
 
         f = mode(step)
-        return _obs([f() for _ in range(5)])
+        return observed([f() for _ in range(5)])
 
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
@@ -500,7 +477,7 @@ def test_default_mode_kernel_fault_during_a_backward_plan_runs_the_pass_eagerly(
                 out += [f() for _ in range(2)]
         assert fault.triggered >= 1
         out += [f() for _ in range(3)]
-        return _obs(out + list(model.parameters()))
+        return observed(out + list(model.parameters()))
 
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
@@ -519,20 +496,12 @@ def test_default_mode_sparse_step_equals_eager_bit_for_bit(learn_values):
         x = pg.tensor(rng.random((12, 4)))
         lin = nn.Linear(4, 3, dtype=pg.float64)
         opt = optim.Adam(lin.parameters() + ([a] if learn_values else []), lr=0.05)
-
-        def step():
-            opt.zero_grad()
-            loss = (a @ nn.dropout(lin(x), 0.3)).relu().mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        f = mode(step)
+        f = mode(sparse_dropout_step(a, lin, x, opt))
         out = []
         for k in range(6):
             pg.manual_seed(k)  # the same dropout masks eagerly and compiled
             out.append(f())
-        return _obs(out + list(lin.parameters()) + ([a.values] if learn_values else []))
+        return observed(out + list(lin.parameters()) + ([a.values] if learn_values else []))
 
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
