@@ -1,11 +1,15 @@
 """Shared test helpers: numerical differentiation (float64 central differences, independent of any
-VJP), and the observations and bitwise comparison the pg.compile tests use against eager."""
+VJP), the observations and bitwise comparison the pg.compile tests use against eager, and waiting
+for a forked child without hanging the suite."""
 from __future__ import annotations
 
 import math
+import os
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 
 import polygrad as pg
 from polygrad import nn, optim
@@ -35,6 +39,21 @@ def assert_bitwise(a: Any, b: Any, where: str = "") -> None:
         assert isinstance(b, float) and math.isnan(b), where
     else:
         assert a == b and type(a) is type(b), f"{where}: {a!r} != {b!r}"
+
+
+def wait_for_forked_child(pid: int, timeout_s: float, hang_message: str) -> None:
+    """Waits for a forked child: passes when it exits 0, fails when it exits otherwise, and kills it
+    and fails with ``hang_message`` when it has not exited within ``timeout_s`` (a hang, not a pass)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(hang_message)
 
 
 def sparse_dropout_step(a: pg.Tensor, lin: nn.Linear, x: pg.Tensor, opt: optim.Optimizer) -> Callable:
