@@ -20,7 +20,6 @@ torch / torch_geometric the PyG row says so and polygrad's figures stand alone.
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any, Callable
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -28,8 +27,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from benchmarks._harness import optional_import, register, skipped_row  # noqa: E402
-from benchmarks.gcn_bench import _dataset, _Threads, _time_rounds, pyg_full_batch_epoch  # noqa: E402
+from benchmarks._harness import register  # noqa: E402
+from benchmarks.gcn_bench import _dataset, _epoch_vs_pyg, pyg_full_batch_epoch  # noqa: E402
 
 TARGET_RATIO = 0.5
 
@@ -80,43 +79,14 @@ def _pyg_epoch(ds, torch, pyg_nn) -> Callable[[], float]:
 
 @register("gat", "GAT epoch on Cora (8 heads x 8 hidden, fwd+bwd+Adam, 1 thread): polygrad numpy vs PyG GATConv")
 def run(quick: bool) -> dict:
-    import polygrad as pg
-
     ds, data_desc = _dataset()
-    rounds, per_round, warmup = (2, 4, 2) if quick else (4, 10, 5)
+    timing = (2, 4, 2) if quick else (4, 10, 5)
     rows: list[dict] = []
     summary: dict[str, Any] = {"dataset": data_desc, "target_ratio": TARGET_RATIO}
-    torch = optional_import("torch")
-    pyg_nn = optional_import("torch_geometric.nn")
-    with _Threads() as threads:
-        fns: dict[str, Callable[[], float]] = {}
-        with pg.use_backend("numpy"):
-            fns["polygrad"] = _polygrad_epoch(ds)
-            if torch is not None and pyg_nn is not None:
-                torch.set_num_threads(1)
-                fns["pyg"] = _pyg_epoch(ds, torch, pyg_nn)
-            times = _time_rounds(fns, rounds, per_round, warmup)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    rows.append({"section": "epoch", "impl": "polygrad numpy nn.GAT (sparse CSR features)",
-                 "ms_per_epoch": med["polygrad"],
-                 "ratio_vs_pyg": med["polygrad"] / med["pyg"] if "pyg" in med else "n/a"})
-    summary["polygrad_ms_per_epoch"] = med["polygrad"]
-    if "pyg" in med:
-        rows.append({"section": "epoch", "impl": f"PyG {optional_import('torch_geometric').__version__} "
-                                                 f"(torch {torch.__version__}) GATConv, examples/gat.py",
-                     "ms_per_epoch": med["pyg"], "ratio_vs_pyg": 1.0})
-        summary["pyg_ms_per_epoch"] = med["pyg"]
-        summary["ratio_polygrad_over_pyg"] = med["polygrad"] / med["pyg"]
-        summary["meets_target_ratio"] = summary["ratio_polygrad_over_pyg"] <= TARGET_RATIO
-    else:
-        missing = "torch" if torch is None else "torch_geometric"
-        rows.append(skipped_row(missing, section="epoch",
-                                reason=f"skipped: the PyG baseline needs torch and torch_geometric; {missing} is not "
-                                       "installed (pip install 'polygrad-core[bench]'); "
-                                       "polygrad's figure above stands alone"))
-        summary["ratio_polygrad_over_pyg"] = None
-    summary["threads"] = threads.how
+    threads = _epoch_vs_pyg(lambda: _polygrad_epoch(ds), lambda torch, pyg_nn: _pyg_epoch(ds, torch, pyg_nn),
+                            ("polygrad numpy nn.GAT (sparse CSR features)", "GATConv, examples/gat.py"),
+                            timing, TARGET_RATIO, rows, summary)
     rows.append({"section": "setup", "impl": f"{data_desc}: {ds.num_nodes} nodes, {ds.num_edges} edges",
                  "ms_per_epoch": "", "ratio_vs_pyg": ""})
-    rows.append({"section": "setup", "impl": threads.how, "ms_per_epoch": "", "ratio_vs_pyg": ""})
+    rows.append({"section": "setup", "impl": threads, "ms_per_epoch": "", "ratio_vs_pyg": ""})
     return {"rows": rows, "summary": summary}

@@ -177,6 +177,47 @@ def _time_rounds(fns: dict[str, Callable[[], float]], rounds: int, per_round: in
     return times
 
 
+def _epoch_vs_pyg(polygrad_epoch: Callable[[], Callable[[], float]],
+                  pyg_epoch: Callable[[Any, Any], Callable[[], float]], impls: tuple[str, str],
+                  timing: tuple[int, int, int], target_ratio: float, rows: list[dict], summary: dict) -> str:
+    """Times one polygrad epoch against its PyG baseline (single-threaded, numpy backend, interleaved
+    rounds), appends their ``epoch`` rows to ``rows`` and their figures to ``summary``; returns how the
+    threads were pinned. ``impls`` names the two sides; ``pyg_epoch(torch, torch_geometric.nn)``
+    builds the baseline, which is skipped with a row saying so when torch or PyG is not installed."""
+    import polygrad as pg
+
+    torch = optional_import("torch")
+    pyg_nn = optional_import("torch_geometric.nn")
+    with _Threads() as threads:
+        fns: dict[str, Callable[[], float]] = {}
+        with pg.use_backend("numpy"):
+            fns["polygrad"] = polygrad_epoch()
+            if torch is not None and pyg_nn is not None:
+                torch.set_num_threads(1)
+                fns["pyg"] = pyg_epoch(torch, pyg_nn)
+            times = _time_rounds(fns, *timing)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    rows.append({"section": "epoch", "impl": impls[0], "ms_per_epoch": med["polygrad"],
+                 "ratio_vs_pyg": med["polygrad"] / med["pyg"] if "pyg" in med else "n/a"})
+    summary["polygrad_ms_per_epoch"] = med["polygrad"]
+    if "pyg" in med:
+        rows.append({"section": "epoch", "impl": f"PyG {optional_import('torch_geometric').__version__} "
+                                                 f"(torch {torch.__version__}) {impls[1]}",
+                     "ms_per_epoch": med["pyg"], "ratio_vs_pyg": 1.0})
+        summary["pyg_ms_per_epoch"] = med["pyg"]
+        summary["ratio_polygrad_over_pyg"] = med["polygrad"] / med["pyg"]
+        summary["meets_target_ratio"] = summary["ratio_polygrad_over_pyg"] <= target_ratio
+    else:
+        missing = "torch" if torch is None else "torch_geometric"
+        rows.append(skipped_row(missing, section="epoch",
+                                reason=f"skipped: the PyG baseline needs torch and torch_geometric; {missing} is not "
+                                       "installed (pip install 'polygrad-core[bench]'); "
+                                       "polygrad's figure above stands alone"))
+        summary["ratio_polygrad_over_pyg"] = None
+    summary["threads"] = threads.how
+    return threads.how
+
+
 def _memory_epoch(ds, dense: bool) -> Callable[[], None]:
     """Build the propagation matrix (sparse, or dense with auto-sparsification off) and train one epoch."""
     import polygrad as pg

@@ -19,7 +19,6 @@ between the libraries in rounds after warm-up, medians compared: ``ratio = polyg
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any, Callable
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -27,8 +26,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy  # noqa: E402,F401 - imported after the thread variables are set, so BLAS reads them
 
-from benchmarks._harness import optional_import, register, skipped_row  # noqa: E402
-from benchmarks.gcn_bench import _Threads, _time_rounds  # noqa: E402
+from benchmarks._harness import register  # noqa: E402
+from benchmarks.gcn_bench import _epoch_vs_pyg  # noqa: E402
 
 TARGET_RATIO = 0.8
 NUM_GRAPHS, BATCH_SIZE, HIDDEN, LAYERS = 400, 32, 32, 3
@@ -113,39 +112,12 @@ def pyg_epoch(graphs, torch, pyg_nn) -> Callable[[], float]:
 @register("gin", "GIN epoch, 300 of 400 small graphs in batches of 32 (collate+fwd+bwd+clip+Adam, 1 thread): "
                  "polygrad numpy vs PyG")
 def run(quick: bool) -> dict:
-    import polygrad as pg
-
     graphs = _graphs()
-    rounds, per_round, warmup = (2, 3, 2) if quick else (4, 8, 3)
+    timing = (2, 3, 2) if quick else (4, 8, 3)
     rows: list[dict] = []
     summary: dict[str, Any] = {"graphs": len(graphs), "batch_size": BATCH_SIZE, "target_ratio": TARGET_RATIO}
-    torch = optional_import("torch")
-    pyg_nn = optional_import("torch_geometric.nn")
-    with _Threads() as threads:
-        fns: dict[str, Callable[[], float]] = {}
-        with pg.use_backend("numpy"):
-            fns["polygrad"] = polygrad_epoch(graphs)
-            if torch is not None and pyg_nn is not None:
-                torch.set_num_threads(1)
-                fns["pyg"] = pyg_epoch(graphs, torch, pyg_nn)
-            times = _time_rounds(fns, rounds, per_round, warmup)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    rows.append({"section": "epoch", "impl": "polygrad numpy nn.GIN + data.DataLoader", "ms_per_epoch": med["polygrad"],
-                 "ratio_vs_pyg": med["polygrad"] / med["pyg"] if "pyg" in med else "n/a"})
-    summary["polygrad_ms_per_epoch"] = med["polygrad"]
-    if "pyg" in med:
-        rows.append({"section": "epoch", "impl": f"PyG {optional_import('torch_geometric').__version__} "
-                                                 f"(torch {torch.__version__}) GINConv + loader.DataLoader",
-                     "ms_per_epoch": med["pyg"], "ratio_vs_pyg": 1.0})
-        summary["pyg_ms_per_epoch"] = med["pyg"]
-        summary["ratio_polygrad_over_pyg"] = med["polygrad"] / med["pyg"]
-        summary["meets_target_ratio"] = summary["ratio_polygrad_over_pyg"] <= TARGET_RATIO
-    else:
-        missing = "torch" if torch is None else "torch_geometric"
-        rows.append(skipped_row(missing, section="epoch",
-                                reason=f"skipped: the PyG baseline needs torch and torch_geometric; {missing} is not "
-                                       "installed; polygrad's figure above stands alone"))
-        summary["ratio_polygrad_over_pyg"] = None
-    summary["threads"] = threads.how
-    rows.append({"section": "setup", "impl": threads.how, "ms_per_epoch": "", "ratio_vs_pyg": ""})
+    threads = _epoch_vs_pyg(lambda: polygrad_epoch(graphs), lambda torch, pyg_nn: pyg_epoch(graphs, torch, pyg_nn),
+                            ("polygrad numpy nn.GIN + data.DataLoader", "GINConv + loader.DataLoader"),
+                            timing, TARGET_RATIO, rows, summary)
+    rows.append({"section": "setup", "impl": threads, "ms_per_epoch": "", "ratio_vs_pyg": ""})
     return {"rows": rows, "summary": summary}

@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -186,15 +186,22 @@ def _train_torch(layout: str, edge_index, x, y, train, epochs: int, threads: int
         def propagate(h):
             return torch.sparse.mm(adj, h) if layout == "coo" else adj @ h
 
-        h = torch.relu(propagate(xt @ w1) + b1)
-        h = torch.nn.functional.dropout(h, 0.5, training=True)
-        logits = propagate(h @ w2) + b2
-        loss = torch.nn.functional.cross_entropy(logits[tt], yt[tt])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _torch_gcn_step(torch, lambda: propagate(xt @ w1) + b1, lambda h: propagate(h @ w2) + b2, opt, yt, tt)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def _torch_gcn_step(torch: Any, first: Callable[[], Any], second: Callable[[Any], Any], opt: Any,
+                    yt: Any, tt: Any) -> None:
+    """One training step of a two-layer GCN on torch, the same for the plain-torch and the PyG rows:
+    ``relu(first())``, dropout 0.5, ``second``, cross-entropy on the training nodes, an optimizer step."""
+    h = torch.relu(first())
+    h = torch.nn.functional.dropout(h, 0.5, training=True)
+    logits = second(h)
+    loss = torch.nn.functional.cross_entropy(logits[tt], yt[tt])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
 
 
 def _train_pyg(edge_index, x, y, train, epochs: int, threads: int = 1) -> list[float]:
@@ -213,13 +220,7 @@ def _train_pyg(edge_index, x, y, train, epochs: int, threads: int = 1) -> list[f
     times = []
     for _ in range(epochs):
         t0 = time.perf_counter()
-        h = torch.relu(conv1(xt, ei))
-        h = torch.nn.functional.dropout(h, 0.5, training=True)
-        logits = conv2(h, ei)
-        loss = torch.nn.functional.cross_entropy(logits[tt], yt[tt])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _torch_gcn_step(torch, lambda: conv1(xt, ei), lambda h: conv2(h, ei), opt, yt, tt)
         times.append(time.perf_counter() - t0)
     return times
 

@@ -1,12 +1,70 @@
-"""Numerical differentiation for tests (float64 central differences, independent of any VJP)."""
+"""Shared test helpers: numerical differentiation (float64 central differences, independent of any
+VJP), the observations and bitwise comparison the pg.compile tests use against eager, and waiting
+for a forked child without hanging the suite."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import math
+import os
+import time
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 
 import polygrad as pg
+from polygrad import nn, optim
 from polygrad.testing import numerical_grad
+
+
+def observed(x: Any) -> Any:
+    """An observation as plain data: tensors copied to numpy arrays, lists and tuples as lists."""
+    if isinstance(x, pg.Tensor):
+        return np.array(x.numpy(), copy=True)
+    if isinstance(x, (list, tuple)):
+        return [observed(v) for v in x]
+    return x
+
+
+def assert_bitwise(a: Any, b: Any, where: str = "") -> None:
+    """Two observations are the same bits (arrays: dtype, shape and bytes; NaN equals NaN)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.tobytes() == b.tobytes(), f"{where}: {a} != {b}"
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bitwise(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where
+    else:
+        assert a == b and type(a) is type(b), f"{where}: {a!r} != {b!r}"
+
+
+def wait_for_forked_child(pid: int, timeout_s: float, hang_message: str) -> None:
+    """Waits for a forked child: passes when it exits 0, fails when it exits otherwise, and kills it
+    and fails with ``hang_message`` when it has not exited within ``timeout_s`` (a hang, not a pass)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(hang_message)
+
+
+def sparse_dropout_step(a: pg.Tensor, lin: nn.Linear, x: pg.Tensor, opt: optim.Optimizer) -> Callable:
+    """A training step through SpMM and dropout: ``relu(a @ dropout(lin(x))).mean()``, one optimizer step."""
+    def step():
+        opt.zero_grad()
+        loss = (a @ nn.dropout(lin(x), 0.3)).relu().mean()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
 
 
 def numerical_grads(f: Callable[..., "pg.Tensor"], arrays: Sequence[np.ndarray], backend: str,

@@ -33,19 +33,18 @@ or fallen-back nodes) and runs the plan; anything else takes the full path above
 from __future__ import annotations
 
 import builtins
-import keyword
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
 from ..autodiff import _accumulate_lock, _data_or_stand_in
-from ..backend import Backend
 from ..config import config
 from ..dispatch import _forward, _recording, registry
 from ..graph import toposort
 from ..tensor import Tensor
-from .program import BACKWARD, FUSED, GRAD, KERNEL, LOAD, _same, _ShapeMismatch
+from .program import (BACKWARD, FUSED, GRAD, KERNEL, LOAD, _call_source, _same, _shape_check_source,
+                      _ShapeMismatch)
 from .recorder import _Recorder
 
 #: structures kept per compiled function (least recently recorded first out)
@@ -422,16 +421,10 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
         return kernels.setdefault((fused, be.name, key), f"k{len(kernels)}")
 
     def call(ins: tuple, kwargs: dict) -> str:
-        args = [f"b{i}" for i in ins]
-        if all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
-            args += [f"{k}={const(v)}" for k, v in kwargs.items()]
-        elif kwargs:
-            args.append(f"**{const(kwargs)}")
-        return ", ".join(args)
+        return _call_source(ins, kwargs, const)
 
     def check(var: str, be: Any, shape: tuple) -> str:
-        got = f"{var}.shape" if type(be).shape is Backend.shape else f"{const(be.shape)}({var})"
-        return f"if {got} != {const(shape)}: raise Mismatch({const(shape)}, {got})"
+        return _shape_check_source(var, be, shape, const)
 
     delivered = [d[1] for d in plan.deliveries]
     body: list[tuple[list[str], tuple]] = []

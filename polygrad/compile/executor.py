@@ -4,25 +4,21 @@ validation mode and event listeners."""
 from __future__ import annotations
 
 import builtins
-import keyword
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from ..backend import Backend
 from ..config import config
 from ..dispatch import fallback, registry, validate_against_reference
 from ..errors import PolygradError
 from ..sparse import SparseTensor
 from ..tensor import Tensor
 from .program import (ARG, ASSERT_FINITE, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA,
-                      SET_GRAD, Capture, _HostFailed, _NotFinite, _ReplayFault, _reads, _result_slots,
-                      _ShapeMismatch)
+                      SET_GRAD, Capture, _call_source, _HostFailed, _NotFinite, _ReplayFault, _reads,
+                      _result_slots, _shape_check_source, _ShapeMismatch)
 from .backend_compile import offer
 from .rewrite import _all_finite, _push_row_gathers
-
-_default_shape = Backend.shape
 
 
 def prepare(cap: Capture) -> Capture:
@@ -148,9 +144,7 @@ def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict
         return f"{name}s"
 
     def shape_check(var: str, be, shape: tuple) -> str:
-        default = type(be).shape is _default_shape
-        got = f"{var}.shape" if default else f"{const(be.shape)}({var})"
-        return f"if {got} != {const(shape)}: raise Mismatch({const(shape)}, {got})"
+        return _shape_check_source(var, be, shape, const)
 
     def target(ref: Any) -> str:
         return f"flat[{ref}]" if type(ref) is int else const(ref)
@@ -166,12 +160,7 @@ def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict
         return f"WRAP({const(value[1])}, {rebuild(value[2])})"
 
     def call_args(ins: tuple, kwargs: dict) -> str:
-        args = [f"b{i}" for i in ins]
-        if all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
-            args += [f"{k}={const(v)}" for k, v in kwargs.items()]
-        elif kwargs:
-            args.append(f"**{const(kwargs)}")
-        return ", ".join(args)
+        return _call_source(ins, kwargs, const)
 
     def slots(used: Any) -> str:
         return "{" + ", ".join(f"{i}: b{i}" for i in sorted(set(used))) + "}"

@@ -13,10 +13,12 @@ constant tensor, ``(3, pattern, value)`` a sparse tensor over ``value``'s values
 """
 from __future__ import annotations
 
+import keyword
 from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 
+from ..backend import Backend
 from ..errors import PolygradError
 from ..ops import Op
 from ..pattern import Pattern
@@ -160,6 +162,26 @@ class _HostFailed(Exception):
 class _ShapeMismatch(Exception):
     def __init__(self, want: tuple, got: tuple):
         super().__init__(f"a replayed kernel returned shape {got}, the capture saw {want}")
+
+
+def _call_source(ins: tuple, kwargs: dict, const: Callable[[Any], str]) -> str:
+    """The argument list of a kernel call in generated code: its input buffers ``b<i>``, then its
+    keyword arguments as constants (``const`` names a value in the code's namespace); one splatted
+    dict where a key is not an identifier."""
+    args = [f"b{i}" for i in ins]
+    if all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
+        args += [f"{k}={const(v)}" for k, v in kwargs.items()]
+    elif kwargs:
+        args.append(f"**{const(kwargs)}")
+    return ", ".join(args)
+
+
+def _shape_check_source(var: str, be: Any, shape: tuple, const: Callable[[Any], str]) -> str:
+    """The generated line that raises :class:`_ShapeMismatch` (bound as ``Mismatch``) when buffer
+    ``var`` does not have the recorded shape; ``.shape`` directly unless the backend overrides
+    ``Backend.shape``."""
+    got = f"{var}.shape" if type(be).shape is Backend.shape else f"{const(be.shape)}({var})"
+    return f"if {got} != {const(shape)}: raise Mismatch({const(shape)}, {got})"
 
 
 class Capture:

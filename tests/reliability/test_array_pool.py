@@ -20,6 +20,8 @@ import pytest
 import polygrad as pg
 from polygrad.array_pool import HOST_POOL, ArrayPool
 
+from tests.helpers import wait_for_forked_child
+
 from ._limited import run_limited
 
 SMALL_MIN = 1 << 12  # a test pool pools arrays of 4 KiB and up
@@ -292,7 +294,6 @@ def test_an_allocation_made_while_the_pool_holds_its_lock_does_not_deadlock(monk
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_another_thread_holds_the_lock_can_allocate():
-    import time
     import warnings
 
     pool = ArrayPool(min_bytes=SMALL_MIN)
@@ -317,16 +318,7 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_allocate():
             os._exit(1)
     release.set()
     holder.join()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child deadlocked on the pool's lock")
+    wait_for_forked_child(pid, 30, "the forked child deadlocked on the pool's lock")
 
 
 def test_a_reused_buffer_is_no_longer_marked_shared():

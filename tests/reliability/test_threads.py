@@ -12,6 +12,7 @@ import pytest
 
 import polygrad as pg
 import polygrad.nn as nn
+from tests.helpers import wait_for_forked_child
 
 THREADS = 8
 STEPS = 60
@@ -236,14 +237,4 @@ def test_a_child_forked_after_the_pool_started_runs_parallel_kernels():
             code = 0 if ok and sorted(hits) == list(range(6)) else 1
         finally:
             os._exit(code)
-    import time
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child hung on polygrad's thread pool")
+    wait_for_forked_child(pid, 60, "the forked child hung on polygrad's thread pool")

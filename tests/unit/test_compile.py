@@ -15,6 +15,7 @@ from polygrad.compile import CompileError
 from polygrad.demos import load_graph
 from polygrad.errors import BackendError, FallbackWarning
 from polygrad.testing import inject_fault
+from tests.helpers import sparse_dropout_step
 
 from pathlib import Path
 
@@ -415,15 +416,7 @@ def test_compiled_sparse_step_equals_eager_on_each_backend(bk):  # noqa: F811 - 
             x = pg.tensor(rng.random((30, 4)))
             lin = nn.Linear(4, 3, dtype=pg.float64)
         opt = optim.Adam(lin.parameters(), lr=0.05)
-
-        def step():
-            opt.zero_grad()
-            loss = (a @ nn.dropout(lin(x), 0.3)).relu().mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        return lin, step
+        return lin, sparse_dropout_step(a, lin, x, opt)
 
     (m1, eager), (m2, step) = build(), build()
     compiled = compile_pure(step)

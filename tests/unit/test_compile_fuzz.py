@@ -27,7 +27,7 @@ import polygrad as pg
 from polygrad import nn, optim
 from polygrad.optim import lr_scheduler
 
-from .test_compile_modes import assert_bitwise
+from tests.helpers import assert_bitwise, observed
 
 CALLS = 5
 EVENTS = ["eval", "train", "freeze", "unfreeze", "add_group", "coef", "mask"]
@@ -157,15 +157,7 @@ def run(spec: dict, mode: str) -> tuple[list, Any]:
             sched.step()
         obs.append([loss, sal, [p.grad for p in weights], extra.grad])
     obs.append([weights, extra, losses, counter["k"], [g["lr"] for g in opt.param_groups]])
-    return _plain(obs), f
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, pg.Tensor):
-        return np.array(x.numpy(), copy=True)
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
+    return observed(obs), f
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,

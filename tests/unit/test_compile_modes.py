@@ -17,6 +17,7 @@ import pytest
 import polygrad as pg
 from polygrad import nn, optim
 from polygrad.compile import Compiled, CompileError
+from tests.helpers import assert_bitwise, observed, sparse_dropout_step
 
 CALLS = 8
 
@@ -43,30 +44,6 @@ class Mode:
         return out
 
 
-def _obs(x: Any) -> Any:
-    """An observation as plain data (arrays copied)."""
-    if isinstance(x, pg.Tensor):
-        return np.array(x.numpy(), copy=True)
-    if isinstance(x, (list, tuple)):
-        return [_obs(v) for v in x]
-    return x
-
-
-def assert_bitwise(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert a.tobytes() == b.tobytes(), f"{where}: {a} != {b}"
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_bitwise(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), where
-    else:
-        assert a == b and type(a) is type(b), f"{where}: {a!r} != {b!r}"
-
-
 def _linear(seed: int = 0, n_in: int = 3, n_out: int = 1) -> nn.Linear:
     pg.manual_seed(seed)
     return nn.Linear(n_in, n_out, dtype=pg.float64)
@@ -77,12 +54,40 @@ def _data(seed: int = 1, n: int = 6, n_in: int = 3) -> tuple[pg.Tensor, pg.Tenso
     return pg.tensor(rng.normal(size=(n, n_in))), pg.tensor(rng.normal(size=(n, 1)))
 
 
+def _regression() -> tuple[nn.Linear, optim.SGD, pg.Tensor, pg.Tensor]:
+    """The model, optimizer and data most cases train: a seeded Linear under SGD on seeded data."""
+    model = _linear()
+    return model, optim.SGD(model.parameters(), lr=0.1), *_data()
+
+
+def _mse_step(model: nn.Linear, opt: optim.SGD, x: pg.Tensor, y: pg.Tensor) -> Callable:
+    """The plain training step (no impurity): one SGD step on the mean squared error."""
+    def step():
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+CHANGE_AT = 5  # the call before which a case's user changes something (after capture and replays)
+
+
+def _calls(f: Callable, change: Callable[[], None]) -> list:
+    """CALLS results of ``f()``, with ``change()`` run once before call CHANGE_AT."""
+    out = []
+    for k in range(CALLS):
+        if k == CHANGE_AT:
+            change()
+        out.append(f())
+    return out
+
+
 # -- the cases (each returns its observations) ------------------------------------------------------
 
 def case_clip_grad_norm_inside_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
 
     def step():
         opt.zero_grad()
@@ -97,13 +102,11 @@ def case_clip_grad_norm_inside_step(mode: Mode) -> list:
     for _ in range(CALLS):
         out.append(f())
         out.append([p.grad for p in model.parameters()])
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_isfinite_check_on_loss_item(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     skipped = [0]
 
     def step(xb):
@@ -119,13 +122,11 @@ def case_isfinite_check_on_loss_item(mode: Mode) -> list:
     f = mode(step)
     bad = pg.tensor(np.where(np.arange(18).reshape(6, 3) == 4, np.inf, x.numpy()))
     out = [f(bad if k in (5, 6) else x) for k in range(CALLS)]
-    return _obs(out + list(model.parameters())) + [skipped[0]]
+    return observed(out + list(model.parameters())) + [skipped[0]]
 
 
 def case_lr_warmup_computed_in_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     state = {"k": 0}
 
     def step():
@@ -140,13 +141,11 @@ def case_lr_warmup_computed_in_step(mode: Mode) -> list:
 
     f = mode(step)
     out = [f() for _ in range(CALLS)]
-    return _obs(out + list(model.parameters())) + [state["k"], opt.param_groups[0]["lr"]]
+    return observed(out + list(model.parameters())) + [state["k"], opt.param_groups[0]["lr"]]
 
 
 def case_losses_appended_to_a_list(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     losses: list = []
 
     def step():
@@ -160,28 +159,14 @@ def case_losses_appended_to_a_list(mode: Mode) -> list:
     f = mode(step)
     for _ in range(CALLS):
         f()
-    return _obs(losses + list(model.parameters())) + [len(losses)]
+    return observed(losses + list(model.parameters())) + [len(losses)]
 
 
 def case_requires_grad_false_after_capture(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
-
-    def step():
-        opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        return loss
-
-    f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            model.weight.requires_grad_(False)  # freeze the weight: only the bias trains
-        out.append(f())
-    return _obs(out + list(model.parameters()))
+    model, opt, x, y = _regression()
+    f = mode(_mse_step(model, opt, x, y))
+    out = _calls(f, lambda: model.weight.requires_grad_(False))  # freeze the weight: only the bias trains
+    return observed(out + list(model.parameters()))
 
 
 def case_add_param_group_after_capture(mode: Mode) -> list:
@@ -199,12 +184,8 @@ def case_add_param_group_after_capture(mode: Mode) -> list:
         return loss
 
     f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            opt.add_param_group({"params": [w2], "lr": 0.05})
-        out.append(f())
-    return _obs(out + [w1, w2])
+    out = _calls(f, lambda: opt.add_param_group({"params": [w2], "lr": 0.05}))
+    return observed(out + [w1, w2])
 
 
 class _Trainer:
@@ -223,12 +204,7 @@ def case_eval_mode_reached_through_self_model(mode: Mode) -> list:
     trainer = _Trainer(mode)
     x, _ = _data()
     pg.manual_seed(11)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            trainer.model.eval()
-        out.append(trainer.score(x))
-    return _obs(out)
+    return observed(_calls(lambda: trainer.score(x), trainer.model.eval))
 
 
 def case_decorator_before_the_model_exists(mode: Mode) -> list:
@@ -240,18 +216,11 @@ def case_decorator_before_the_model_exists(mode: Mode) -> list:
     model = nn.MLP(3, [5, 1], dropout=0.5, dtype=pg.float64)
     x, _ = _data()
     pg.manual_seed(11)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            model.eval()
-        out.append(score(x))
-    return _obs(out)
+    return observed(_calls(lambda: score(x), model.eval))
 
 
 def case_numpy_mask_edited_in_place(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     mask = np.array([True, False, True, True, False, True])
 
     def step():
@@ -261,19 +230,15 @@ def case_numpy_mask_edited_in_place(mode: Mode) -> list:
         opt.step()
         return loss
 
-    f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            mask[1] = True  # the user edits the mask in place
-        out.append(f())
-    return _obs(out + list(model.parameters()))
+    def edit_mask():
+        mask[1] = True  # the user edits the mask in place
+
+    out = _calls(mode(step), edit_mask)
+    return observed(out + list(model.parameters()))
 
 
 def case_closure_coefficient_swapped(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     coef = 0.5
 
     def step():
@@ -283,13 +248,12 @@ def case_closure_coefficient_swapped(mode: Mode) -> list:
         opt.step()
         return loss
 
-    f = mode(step)
-    out = []
-    for k in range(CALLS):
-        if k == 5:
-            coef = 2.0  # noqa: F841 - read by step through its closure
-        out.append(f())
-    return _obs(out + list(model.parameters()))
+    def swap_coefficient():
+        nonlocal coef
+        coef = 2.0  # read by step through its closure
+
+    out = _calls(mode(step), swap_coefficient)
+    return observed(out + list(model.parameters()))
 
 
 GRAPH = pg.tensor(np.eye(6))
@@ -307,26 +271,23 @@ def _graph_step(model: nn.Linear, opt: optim.SGD, x: pg.Tensor, y: pg.Tensor) ->
 
 def case_global_graph_swapped(mode: Mode) -> list:
     global GRAPH
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data()
+    model, opt, x, y = _regression()
     f = mode(_graph_step(model, opt, x, y))
     saved = GRAPH
-    out = []
+
+    def swap_graph():
+        global GRAPH
+        GRAPH = pg.tensor(np.roll(np.eye(6), 1, axis=1))  # another graph, same shape
+
     try:
-        for k in range(CALLS):
-            if k == 5:
-                GRAPH = pg.tensor(np.roll(np.eye(6), 1, axis=1))  # another graph, same shape
-            out.append(f())
+        out = _calls(f, swap_graph)
     finally:
         GRAPH = saved
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_saliency_leaf_created_in_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    xs, y = _data()
+    model, opt, xs, y = _regression()
     data = xs.numpy().copy()
 
     def step():
@@ -339,13 +300,11 @@ def case_saliency_leaf_created_in_step(mode: Mode) -> list:
 
     f = mode(step)
     out = [f() for _ in range(CALLS)]
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 def case_fgsm_leaf_created_in_step(mode: Mode) -> list:
-    model = _linear()
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    xs, y = _data()
+    model, opt, xs, y = _regression()
 
     def step(xb):
         x = xb.detach().requires_grad_(True)
@@ -359,7 +318,7 @@ def case_fgsm_leaf_created_in_step(mode: Mode) -> list:
 
     f = mode(step)
     out = [f(xs) for _ in range(CALLS)]
-    return _obs(out + list(model.parameters()))
+    return observed(out + list(model.parameters()))
 
 
 CASES = [case_clip_grad_norm_inside_step, case_isfinite_check_on_loss_item, case_lr_warmup_computed_in_step,
@@ -396,19 +355,9 @@ def test_pure_mode_refuses_or_recaptures_never_diverges(case):
 def test_pure_mode_replays_a_step_that_only_issues_ops():
     """The control: the same step without any of the impurities above replays (and agrees)."""
     def run(mode: Mode) -> list:
-        model = _linear()
-        opt = optim.SGD(model.parameters(), lr=0.1)
-        x, y = _data()
-
-        def step():
-            opt.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        f = mode(step)
-        return _obs([f() for _ in range(CALLS)] + list(model.parameters()))
+        model, opt, x, y = _regression()
+        f = mode(_mse_step(model, opt, x, y))
+        return observed([f() for _ in range(CALLS)] + list(model.parameters()))
 
     pure = Mode("pure")
     assert_bitwise(run(Mode("eager")), run(pure))
@@ -466,11 +415,9 @@ def test_fit_reports_its_mode_and_the_default_mode_equals_eager():
     from polygrad.train import fit
 
     def run(compile: Any) -> tuple:
-        model = _linear()
-        opt = optim.SGD(model.parameters(), lr=0.1)
-        x, y = _data()
+        model, opt, x, y = _regression()
         history = fit(model, opt, lambda: ((model(x) - y) ** 2).mean(), 6, rollback_threshold=None, compile=compile)
-        return history, _obs(list(model.parameters()))
+        return history, observed(list(model.parameters()))
 
     (h0, p0), (h1, p1), (h2, p2) = run(False), run(True), run("pure")
     assert (h0.compile_mode, h1.compile_mode, h2.compile_mode) == ("eager", "default", "pure")
@@ -496,7 +443,7 @@ def test_default_mode_gradient_written_in_place_does_not_reach_the_next_call():
             return w.grad
 
         f = mode(step)
-        return _obs([f() for _ in range(5)])
+        return observed([f() for _ in range(5)])
 
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
@@ -521,18 +468,8 @@ def test_default_mode_kernel_fault_during_a_backward_plan_runs_the_pass_eagerly(
     from polygrad.testing import inject_fault
 
     def run(wrap: Mode) -> list:
-        model = _linear()
-        opt = optim.SGD(model.parameters(), lr=0.1)
-        x, y = _data()
-
-        def step():
-            opt.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        f = wrap(step)
+        model, opt, x, y = _regression()
+        f = wrap(_mse_step(model, opt, x, y))
         out = [f() for _ in range(3)]  # the plan is recorded, then used
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FallbackWarning)  # eager falls back as well: the point is equality
@@ -540,7 +477,7 @@ def test_default_mode_kernel_fault_during_a_backward_plan_runs_the_pass_eagerly(
                 out += [f() for _ in range(2)]
         assert fault.triggered >= 1
         out += [f() for _ in range(3)]
-        return _obs(out + list(model.parameters()))
+        return observed(out + list(model.parameters()))
 
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))
@@ -559,20 +496,12 @@ def test_default_mode_sparse_step_equals_eager_bit_for_bit(learn_values):
         x = pg.tensor(rng.random((12, 4)))
         lin = nn.Linear(4, 3, dtype=pg.float64)
         opt = optim.Adam(lin.parameters() + ([a] if learn_values else []), lr=0.05)
-
-        def step():
-            opt.zero_grad()
-            loss = (a @ nn.dropout(lin(x), 0.3)).relu().mean()
-            loss.backward()
-            opt.step()
-            return loss
-
-        f = mode(step)
+        f = mode(sparse_dropout_step(a, lin, x, opt))
         out = []
         for k in range(6):
             pg.manual_seed(k)  # the same dropout masks eagerly and compiled
             out.append(f())
-        return _obs(out + list(lin.parameters()) + ([a.values] if learn_values else []))
+        return observed(out + list(lin.parameters()) + ([a.values] if learn_values else []))
 
     default = Mode("default")
     assert_bitwise(run(Mode("eager")), run(default))

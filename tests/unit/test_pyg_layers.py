@@ -185,12 +185,16 @@ def _weighted_call(weighted: bool, **kw: Any) -> Callable:
     return lambda m, x, ei: m(x, ei, **kw)
 
 
-def _graph_inputs(ei: np.ndarray, n: int, f: int, weighted: bool) -> tuple[dict, tuple[str, ...]]:
+def _compare_on_graph(ours: Any, theirs: Any, ei: np.ndarray, n: int, f: int, weighted: bool) -> None:
+    """``compare`` of a graph layer on ``n`` nodes with ``f`` random features (and random edge weights
+    when ``weighted``), gradients to the features (and weights)."""
     inputs = {"x": _features(n, f), "ei": ei}
+    grads: tuple[str, ...] = ("x",)
     if weighted:
         inputs["w"] = _edge_weight(ei.shape[1])
-        return inputs, ("x", "w")
-    return inputs, ("x",)
+        grads = ("x", "w")
+    call = _weighted_call(weighted)
+    compare(ours, theirs, call, call, inputs, grads)
 
 
 @pytest.mark.parametrize("K", [1, 3])
@@ -201,9 +205,7 @@ def test_sgconv_matches_pyg(graph, K, add_self_loops, weighted):
     _seeded()
     theirs = pyg_nn.SGConv(5, 3, K=K, add_self_loops=add_self_loops)
     ours = nn.SGConv(5, 3, K=K, add_self_loops=add_self_loops, dtype=pg.float64)
-    inputs, grads = _graph_inputs(ei, n, 5, weighted)
-    call = _weighted_call(weighted)
-    compare(ours, theirs, call, call, inputs, grads)
+    _compare_on_graph(ours, theirs, ei, n, 5, weighted)
 
 
 def test_sgconv_cache_is_reused_only_for_the_same_input():
@@ -227,9 +229,7 @@ def test_appnp_matches_pyg(graph, normalize, add_self_loops, weighted):
     ei, n = graph
     theirs = pyg_nn.APPNP(K=4, alpha=0.15, normalize=normalize, add_self_loops=add_self_loops)
     ours = nn.APPNP(K=4, alpha=0.15, normalize=normalize, add_self_loops=add_self_loops)
-    inputs, grads = _graph_inputs(ei, n, 3, weighted)
-    call = _weighted_call(weighted)
-    compare(ours, theirs, call, call, inputs, grads)
+    _compare_on_graph(ours, theirs, ei, n, 3, weighted)
 
 
 def test_appnp_edge_dropout_is_training_only():
@@ -255,9 +255,7 @@ def test_chebconv_matches_pyg(graph, K, normalization, weighted):
     ours = nn.ChebConv(4, 3, K=K, normalization=normalization, dtype=pg.float64)
     with torch.no_grad():
         theirs.bias.normal_()
-    inputs, grads = _graph_inputs(ei, n, 4, weighted)
-    call = _weighted_call(weighted)
-    compare(ours, theirs, call, call, inputs, grads)
+    _compare_on_graph(ours, theirs, ei, n, 4, weighted)
 
 
 def test_chebconv_lambda_max_per_graph_matches_pyg():
