@@ -314,17 +314,23 @@ def report_fallback(op: Op, be, layout: str, exc: BaseException) -> None:
     rec = _recording.get()
     if rec is not None:  # a step whose op fell back is not replayed: it stays eager
         rec.refuse(f"op '{op}' fell back on backend {be.name!r} ({layout})")
-    key = (op.value, be.name, layout)
+    note_fallback(op.value, be.name, layout, exc, f"op '{op}' failed on backend {be.name!r} ({layout}) with "
+                  f"{type(exc).__name__}: {exc}; recomputed through the fallback chain")
+
+
+def note_fallback(op: str, backend: str, layout: str, exc: BaseException, message: str) -> None:
+    """Count a fallback, warn ``message`` once per (op, backend, layout, error type) -- the one
+    warn-once record ``pg.reset_stats()`` clears -- and fire ``polygrad_fallback``."""
+    key = (op, backend, layout)
     with _stats_lock:
         fallback_counts[key] += 1
         first = (key, type(exc)) not in _warned
         _warned.add((key, type(exc)))
-    if first:
-        warnings.warn(f"op '{op}' failed on backend {be.name!r} ({layout}) with {type(exc).__name__}: "
-                      f"{exc}; recomputed through the fallback chain", FallbackWarning, stacklevel=4)
+    if first:  # stacklevel: the user's line, above report_fallback / report and this helper
+        warnings.warn(message, FallbackWarning, stacklevel=5)
     ev = _events["polygrad_fallback"]
     if ev is not None:
-        ev(op=op.value, backend=be.name, layout=layout, exception=exc)
+        ev(op=op, backend=backend, layout=layout, exception=exc)
 
 
 def fallback(op: Op, inputs: tuple, attrs: dict, layout: str, shape: tuple, dtype, exc: BaseException):

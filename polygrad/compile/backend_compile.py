@@ -26,7 +26,6 @@ are on one backend.  Otherwise the step replays as usual.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, NamedTuple
 
 from .program import (ARG as _ARG, ASSERT_FINITE as _ASSERT_FINITE, FRESH as _FRESH, FUSED as _FUSED,
@@ -34,8 +33,8 @@ from .program import (ARG as _ARG, ASSERT_FINITE as _ASSERT_FINITE, FRESH as _FR
                           SET_DATA as _SET_DATA, SET_GRAD as _SET_GRAD, _HostFailed, _NotFinite, _reads,
                           _result_slots)
 from .rewrite import _all_finite
-from ..dispatch import _stats_lock, _warned, fallback_counts, registry
-from ..errors import FallbackWarning, PolygradError
+from ..dispatch import note_fallback, registry
+from ..errors import PolygradError
 
 #: the op name compiled-step fallbacks are reported under (events, warnings, ``pg.stats()``)
 COMPILED_STEP = "compiled-step"
@@ -124,20 +123,9 @@ def offer(cap: Any, fast: Callable | None, result: Callable, rebuild: Callable) 
 
 
 def report(be: Any, exc: BaseException) -> None:
-    """A compiled step failed on backend ``be``: count it, warn once per (backend, error type), fire
-    ``polygrad_fallback``.  The warn-once record is dispatch's, shared with every other fallback, so
-    ``pg.reset_stats()`` clears both."""
-    key = (COMPILED_STEP, be.name, "-")
-    with _stats_lock:
-        fallback_counts[key] += 1
-        first = (key, type(exc)) not in _warned
-        _warned.add((key, type(exc)))
-    if first:
-        warnings.warn(f"the compiled step of backend {be.name!r} failed with {type(exc).__name__}: {exc}; "
-                      "its kernels run one by one instead", FallbackWarning, stacklevel=4)
-    ev = registry.events["polygrad_fallback"]
-    if ev is not None:
-        ev(op=COMPILED_STEP, backend=be.name, layout="-", exception=exc)
+    """A compiled step failed on backend ``be``: counted, warned once and reported like any fallback."""
+    note_fallback(COMPILED_STEP, be.name, "-", exc, f"the compiled step of backend {be.name!r} failed with "
+                  f"{type(exc).__name__}: {exc}; its kernels run one by one instead")
 
 
 class CompiledStep:
