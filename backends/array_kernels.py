@@ -5,7 +5,7 @@ backend binds ``xp = numpy``; the CuPy backend binds ``xp = cupy`` and overrides
 does better.  Because both share this module, the CuPy code path is exercised on CPU by the numpy
 tests.
 
-Sparse kernels take the :class:`polygrad.pattern.Pattern` from attrs and fetch its index arrays
+Sparse kernels take the :class:`polygrad.sparse.pattern.Pattern` from attrs and fetch its index arrays
 converted once for this namespace (``pattern.on``).  Work on nnz-sized temporaries is done in
 bounded chunks so SpMM/SDDMM memory stays O(chunk·F) beyond the output, never O(n·m).
 """
@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 from . import parallel
 
@@ -256,7 +256,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: xp.matmul,
     }
     table = {(op, "dense"): fn for op, fn in k.items()}
-    # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+    # keyed once: "csr" and "coo" label one canonical storage (polygrad.ir.ops.kernel_key)
     table[(Op.SPMM, "csr")] = spmm
     table[(Op.SDDMM, "csr")] = sddmm
     table[(Op.SEGMENT_SUM, "csr")] = segment_sum

@@ -43,10 +43,10 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
-from polygrad.backend import KDLCUDA, KDLCUDAMANAGED
+from polygrad.runtime.backend import KDLCUDA, KDLCUDAMANAGED
 from polygrad.errors import BackendUnavailableError, SparseIndexError
 from polygrad.errors import describe_exception
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 from .array_kernels import make_kernels
 
@@ -449,7 +449,7 @@ class _CupyKernels:
 
     def table(self) -> dict:
         t: dict = {(Op.INDEX_ADD, "dense"): self.index_add}
-        # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+        # keyed once: "csr" and "coo" label one canonical storage (polygrad.ir.ops.kernel_key)
         t[(Op.SPMM, "csr")] = self.spmm
         t[(Op.SDDMM, "csr")] = self.sddmm
         t[(Op.SEGMENT_SUM, "csr")] = self.segment_sum

@@ -17,15 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 import polygrad as pg
-from polygrad.array_pool import HOST_POOL
-from polygrad.backend import HOST_DLPACK_DEVICES
-from polygrad.ops import Op
-from polygrad.threads import run_blocks
+from polygrad.runtime.pool import HOST_POOL
+from polygrad.runtime.backend import HOST_DLPACK_DEVICES
+from polygrad.ir.ops import Op
+from polygrad.runtime.threads import run_blocks
 
 from . import parallel
 from .array_kernels import make_kernels
 
-#: large kernel outputs come from here and are reused once unreferenced (polygrad.array_pool)
+#: large kernel outputs come from here and are reused once unreferenced (polygrad.runtime.pool)
 POOL = HOST_POOL
 #: inputs below this many elements cannot make a pooled output (8 bytes each at most): one
 #: comparison keeps the wrappers below at ~0.1 us on small arrays

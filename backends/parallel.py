@@ -4,7 +4,7 @@ Each kernel here cuts its output into blocks that are written by exactly one thr
 every output element the way the serial kernel does (a row of an SpMM is summed over its nonzeros
 in CSR order by the same compiled loop; an elementwise op is elementwise); where a result depends
 on the cut (the column sums of :func:`column_sums`), the cut depends only on the data.  So one
-thread, two or seven give the same bits, and :func:`polygrad.threads.run_blocks` with one thread
+thread, two or seven give the same bits, and :func:`polygrad.runtime.threads.run_blocks` with one thread
 is the serial kernel.  The kernels they call release the GIL on large arrays: scipy's
 ``sparsetools`` (measured: ``PyEval_SaveThread`` around every routine), numpy's ufuncs, ``take``
 and reductions.
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy.sparse import _sparsetools
 
-from polygrad.threads import even_blocks, get_num_threads, row_blocks, run_blocks
+from polygrad.runtime.threads import even_blocks, get_num_threads, row_blocks, run_blocks
 
 __all__ = ["even_blocks", "row_blocks", "run_blocks", "threads_for", "by_rows", "csr_spmm", "transposed_spmm",
            "elementwise", "reduce_trailing", "column_sums"]

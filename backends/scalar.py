@@ -1,6 +1,6 @@
 """The scalar backend: pure Python, float64, element by element -- the reference.
 
-Its kernels *are* polygrad's scalar reference (``polygrad.reference``) run on plain Python
+Its kernels *are* polygrad's scalar reference (``polygrad.engine.reference``) run on plain Python
 numbers, so this backend, the fallback path and the conformance oracle share one definition per
 op.  It is slow by design and exists to be obviously right.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 import polygrad as pg
-from polygrad import reference
-from polygrad.inference import infer
-from polygrad.ops import Op
+from polygrad.engine import reference
+from polygrad.engine.inference import infer
+from polygrad.ir.ops import Op
 
 
 class ScalarArray:
@@ -61,7 +61,7 @@ class ScalarBackend(pg.Backend):
         super().__init__()
         dense = {(op, "dense"): _kernel(op) for op in Op if op not in (Op.SPMM, Op.SDDMM,
                                                                        Op.SEGMENT_SUM, Op.SEGMENT_MAX)}
-        # keyed once: "csr" and "coo" label one canonical storage (polygrad.ops.kernel_key)
+        # keyed once: "csr" and "coo" label one canonical storage (polygrad.ir.ops.kernel_key)
         sparse = {(op, "csr"): _kernel(op) for op in (Op.SPMM, Op.SDDMM, Op.SEGMENT_SUM, Op.SEGMENT_MAX)}
         self.kernels = {**dense, **sparse}
 

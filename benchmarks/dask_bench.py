@@ -69,7 +69,7 @@ def _train(model_x, adj, labels, epochs: int) -> list[float]:
     """``epochs + 1`` epochs of ``fit`` (the first is warm-up); the timed epochs' seconds."""
     import polygrad as pg
     from polygrad import nn, optim
-    from polygrad.train import fit
+    from polygrad.apps.train import fit
 
     x = model_x
     pg.manual_seed(SEED)

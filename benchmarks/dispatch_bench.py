@@ -52,7 +52,7 @@ def _time(run, n: int) -> float:
 @register("dispatch", "per-op dispatch overhead (numpy, tiny tensors) with the monitor off / installed-disabled / on")
 def run(quick: bool) -> dict:
     import polygrad as pg
-    from polygrad.registry import registry
+    from polygrad.runtime.registry import registry
 
     class NoopHook:
         @pg.hookimpl

@@ -86,7 +86,7 @@ def _backend_under_test() -> tuple[str, str]:
 
 def _pattern_from_edges(src: np.ndarray, dst: np.ndarray, n: int):
     """Canonical Pattern of edges already sorted by (src, dst) without duplicates."""
-    from polygrad.pattern import Pattern
+    from polygrad.sparse.pattern import Pattern
     return Pattern.from_sorted((n, n), src, dst)
 
 
@@ -104,7 +104,7 @@ def spmm_section(backend: str, quick: bool) -> tuple[list[dict], dict]:
     gpu = backend == "cupy"
     n, e, f = (NODES, EDGES, FEATURES) if gpu else (2_000, 20_000, 16)
     repeat = (5 if quick else 20) if gpu else 2
-    from polygrad.registry import resolve
+    from polygrad.runtime.registry import resolve
     be = resolve(backend)
     cp = be.modules().cupy if gpu else None
     torch = optional_import("torch")
@@ -310,7 +310,7 @@ def _pyg_gcn(data, epochs: int, sync: _Sync) -> tuple[float, float] | str:
 
 def gcn_section(backend: str, quick: bool) -> tuple[list[dict], dict]:
     from polygrad.data import load_planetoid
-    from polygrad.registry import resolve
+    from polygrad.runtime.registry import resolve
 
     root = planetoid_dir()
     if root is None:
@@ -348,7 +348,7 @@ def run(quick: bool) -> dict:
     rows: list[dict] = []
     summary: dict = {"backend": backend}
     if backend == "cupy":
-        from polygrad.registry import resolve
+        from polygrad.runtime.registry import resolve
         info = resolve("cupy").info()
         summary.update({f"gpu_{k}": v for k, v in info.items() if k not in ("available", "reason")})
     for section in (spmm_section, gcn_section):

@@ -190,7 +190,7 @@ for mod in ("numpy", "pluggy", "psutil", "pytest", "cupy", "torch", "torch_geome
 import polygrad as pg
 for b in pg.list_backends():
     print("backend", b)
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 be = registry.entries.get("cupy")
 if be is not None and be.backend is not None:
     print("cupy backend info:", be.backend.info())
@@ -223,7 +223,7 @@ print("" if info is not None and info.available else (info.reason if info else "
         if command -v polygrad >/dev/null; then
             step "polygrad check cupy" 60 polygrad check cupy
         else
-            step "polygrad check cupy (python -m polygrad.cli)" 60 "$PY" -m polygrad.cli check cupy
+            step "polygrad check cupy (python -m polygrad)" 60 "$PY" -m polygrad check cupy
         fi
         local listed flag=()
         listed=$("$PY" -m benchmarks --list 2>&1)

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import jax  # noqa: F401
 
-        from polygrad.registry import resolve
+        from polygrad.runtime.registry import resolve
         resolve("jax")                  # raises when polygrad-jax is not installed
     except Exception as exc:  # noqa: BLE001 - report and stop
         print(f"skipped: jax or polygrad-jax not available ({exc})")

@@ -57,7 +57,7 @@ def _best(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> float:
 # kernel selection: the numpy backend's pure-numpy kernels vs the installed (compiled) ones
 # ---------------------------------------------------------------------------------------------
 def _sparse_ops():
-    from polygrad.ops import SPARSE
+    from polygrad.ir.ops import SPARSE
     return SPARSE
 
 
@@ -65,7 +65,7 @@ def _sparse_ops():
 def _pure_numpy_kernels() -> Iterator[None]:
     """Run with the numpy backend's own sparse kernels, whatever plugin overrides them."""
     import polygrad.backends.array_kernels as ak
-    from polygrad.registry import registry
+    from polygrad.runtime.registry import registry
 
     registry.load()
     own = ak.make_kernels(np)
@@ -199,8 +199,8 @@ def _crossing(densities: list[float], ratios: list[float]) -> float | str:
 
 def _spmm_override() -> str | None:
     """Module of the numpy backend's SpMM kernel unless it is the pure-numpy one (then None)."""
-    from polygrad.ops import Op
-    from polygrad.registry import registry
+    from polygrad.ir.ops import Op
+    from polygrad.runtime.registry import registry
     registry.load()
     kernel = registry.tables["numpy"].get((Op.SPMM, "csr"))
     module = getattr(kernel, "__module__", "") or ""

@@ -231,7 +231,7 @@ def _check_losses(ref_label: str, ref: list[float], label: str, got: list[float]
 
 @register("value", "polygrad.Value vs micrograd: moons MLP (2-16-16-1) training step, GC on and off")
 def run(quick: bool) -> dict:
-    from polygrad.value import Value as PValue
+    from polygrad.engine.value import Value as PValue
 
     steps = 2 if quick else 8
     X, y = make_moons(100, noise=0.1, seed=1)

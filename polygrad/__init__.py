@@ -10,16 +10,16 @@ Backends (scalar, numpy, cupy, third-party) arrive through the pluggy entry-poin
 from __future__ import annotations
 
 from . import errors
-from .autodiff import backward, enable_grad, grad, no_grad
-from .backend import Backend, KernelOverride
-from .config import config
-from .dispatch import is_grad_enabled, reset_stats, stats
-from .dtypes import bool_, default_float, float32, float64, int32, int64
-from .errors import FallbackWarning
-from .hookspecs import hookimpl
-from .interop import from_dlpack
-from .ops import Op, list_ops
-from .registry import (
+from .engine.autodiff import backward, enable_grad, grad, no_grad
+from .runtime.backend import Backend, KernelOverride
+from .runtime.config import config
+from .engine.dispatch import is_grad_enabled, reset_stats, stats
+from .ir.dtypes import bool_, default_float, float32, float64, int32, int64
+from .ir.errors import FallbackWarning
+from .runtime.hookspecs import hookimpl
+from .tensor.interop import from_dlpack
+from .ir.ops import Op, list_ops
+from .runtime.registry import (
     get_backend, get_kernel, kernel_table, list_backends, register_plugin, set_backend, unregister_plugin,
     use_backend,
 )
@@ -31,13 +31,13 @@ from .tensor import (
     transpose, unsqueeze, where, zeros, zeros_like, add,
 )
 from .tensor import from_numpy
-from .value import Value
-from .lazy import materialize
-from .monitor import monitor
-from .draw import draw_graph
-from .checkpoint import load, save
+from .engine.value import Value
+from .tensor.lazy import materialize
+from .runtime.monitor import monitor
+from .tensor.draw import draw_graph
+from .io.checkpoint import load, save
 from .compile import compile  # noqa: A004 - pg.compile, like torch.compile
-from .threads import get_num_threads, set_num_threads
+from .runtime.threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
@@ -45,8 +45,8 @@ __version__ = "0.1.0"
 from .sparse import *  # noqa: E402,F401,F403
 from .sparse import __all__ as _sparse_all  # noqa: E402
 # Graph primitives (SDDMM, edge softmax, gather/scatter) and activations: composites of the above.
-from .activations import elu, gelu, leaky_relu, softplus  # noqa: E402
-from .graph_ops import edge_softmax, gather, scatter, sddmm  # noqa: E402
+from .tensor.activations import elu, gelu, leaky_relu, softplus  # noqa: E402
+from .sparse.graph_ops import edge_softmax, gather, scatter, sddmm  # noqa: E402
 from .sparse import maybe_sparsify_for_matmul  # noqa: E402  (the layout policy, for nn layers)
 
 __all__ = [
@@ -65,3 +65,37 @@ __all__ = [
     "elu", "gelu", "leaky_relu", "softplus", "edge_softmax", "gather", "scatter", "sddmm",
     "get_num_threads", "set_num_threads",
 ]
+
+
+import sys as _sys  # noqa: E402
+from . import engine, io, ir, runtime  # noqa: E402
+from . import sparse as _sparse_pkg  # noqa: E402
+_tensor_pkg = _sys.modules[f"{__name__}.tensor"]  # pg.tensor is the function
+
+
+def _keep_old_module_paths() -> None:
+    """The core's modules moved into subpackages (ir, runtime, engine, tensor, sparse, io); their
+    old paths (``polygrad.ir.ops``, ``polygrad.runtime.registry``, ...) still import, as the same module
+    objects, so code written against them keeps working, and stay attributes of ``polygrad``
+    (``pg.registry``) except where a public name took that attribute before the move too
+    (``pg.monitor`` and ``pg.config`` stay the function and the settings)."""
+    moved = {
+        "ops": ir.ops, "dtypes": ir.dtypes, "backend": runtime.backend, "hookspecs": runtime.hookspecs,
+        "registry": runtime.registry, "events": runtime.events, "config": runtime.config, "memory": runtime.memory,
+        "array_pool": runtime.pool, "threads": runtime.threads, "sharing": runtime.sharing,
+        "monitor": runtime.monitor, "inference": engine.inference, "grad_rules": engine.grad_rules,
+        "reference": engine.reference, "value": engine.value, "scalar_math": engine.scalar_math,
+        "graph": engine.graph, "autodiff": engine.autodiff, "dispatch": engine.dispatch,
+        "torch_names": _tensor_pkg.torch_names, "activations": _tensor_pkg.activations, "interop": _tensor_pkg.interop,
+        "lazy": _tensor_pkg.lazy, "draw": _tensor_pkg.draw, "pattern": _sparse_pkg.pattern,
+        "graph_ops": _sparse_pkg.graph_ops, "checkpoint": io.checkpoint,
+    }
+    package = _sys.modules[__name__]
+    for old, module in moved.items():
+        _sys.modules.setdefault(f"{__name__}.{old}", module)
+        if not hasattr(package, old):
+            setattr(package, old, module)
+
+
+
+_keep_old_module_paths()

@@ -7,12 +7,12 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Callable
 
-from ..config import config
-from ..dispatch import _forward, _inference_memo, _recording, is_grad_enabled, registry
-from ..registry import get_backend
+from ..runtime.config import config
+from ..engine.dispatch import _forward, _inference_memo, _recording, is_grad_enabled, registry
+from ..runtime.registry import get_backend
 from ..sparse import SparseTensor
 from ..tensor import rng
-from ..autodiff import backward_plans
+from ..engine.autodiff import backward_plans
 from .backward_plan import BackwardPlans
 from .executor import _HostFailed, prepare, run
 from .forward_plan import Cursor

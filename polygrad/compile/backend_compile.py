@@ -33,8 +33,8 @@ from .program import (ARG as _ARG, ASSERT_FINITE as _ASSERT_FINITE, FRESH as _FR
                           SET_DATA as _SET_DATA, SET_GRAD as _SET_GRAD, _HostFailed, _NotFinite, _reads,
                           _result_slots)
 from .rewrite import _all_finite
-from ..dispatch import note_fallback, registry
-from ..errors import PolygradError
+from ..engine.dispatch import note_fallback, registry
+from ..ir.errors import PolygradError
 
 #: the op name compiled-step fallbacks are reported under (events, warnings, ``pg.stats()``)
 COMPILED_STEP = "compiled-step"

@@ -38,10 +38,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..autodiff import _accumulate_lock, _data_or_stand_in
-from ..config import config
-from ..dispatch import _forward, _recording, registry
-from ..graph import toposort
+from ..engine.autodiff import _accumulate_lock, _data_or_stand_in
+from ..runtime.config import config
+from ..engine.dispatch import _forward, _recording, registry
+from ..engine.graph import toposort
 from ..tensor import Tensor
 from .program import (BACKWARD, FUSED, GRAD, KERNEL, LOAD, _call_source, _same, _shape_check_source,
                       _ShapeMismatch)

@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import config
-from ..dispatch import fallback, registry, validate_against_reference
-from ..errors import PolygradError
+from ..runtime.config import config
+from ..engine.dispatch import fallback, registry, validate_against_reference
+from ..ir.errors import PolygradError
 from ..sparse import SparseTensor
 from ..tensor import Tensor
 from .program import (ARG, ASSERT_FINITE, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA,

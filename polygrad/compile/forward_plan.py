@@ -1,7 +1,7 @@
 """Forward plans: the default ``pg.compile`` mode's op-by-op matcher.
 
 In the default mode the step's Python runs every call and issues its ops through
-:func:`polygrad.dispatch.apply` as eagerly.  Most of what ``apply`` does per op is a pure function of
+:func:`polygrad.engine.dispatch.apply` as eagerly.  Most of what ``apply`` does per op is a pure function of
 what the op is applied to -- the inference (output shape and dtype), the memory check, the kernel
 lookup, whether a graph node is recorded and which inputs it keeps whole -- so it is recorded
 once, as one :class:`Entry` per op in the order the call issued them (the *forward plan*), and each
@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import graph, memory
-from ..ops import Op, kernel_key
+from ..engine import graph
+from ..runtime import memory
+from ..ir.ops import Op, kernel_key
 
 #: attribute value types an entry compares by ``==`` plus type (anything else -- an index array --
 #: makes the entry a *slow* one: matched by op only, run through the full eager ``apply``)

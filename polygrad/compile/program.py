@@ -18,10 +18,10 @@ from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 
-from ..backend import Backend
-from ..errors import PolygradError
-from ..ops import Op
-from ..pattern import Pattern
+from ..runtime.backend import Backend
+from ..ir.errors import PolygradError
+from ..ir.ops import Op
+from ..sparse.pattern import Pattern
 from ..tensor import Tensor
 
 # entry kinds (the first field of every entry)

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dispatch import _recording
-from ..ops import kernel_key
+from ..engine.dispatch import _recording
+from ..ir.ops import kernel_key
 from ..sparse import SparseTensor
 from ..tensor import Tensor
 from .guards import StateGuards, hyperparameters, param_lists

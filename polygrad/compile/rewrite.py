@@ -5,8 +5,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ops import Op
-from ..pattern import Pattern
+from ..ir.ops import Op
+from ..sparse.pattern import Pattern
 from .program import (ASSERT_FINITE, FUSED, HOST, KERNEL, AssertFinite, Fused, Kernel, _dataflow,
                       _result_slots, _same)
 

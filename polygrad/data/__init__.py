@@ -36,19 +36,11 @@ from .planetoid import (
     load_planetoid,
     read_planetoid_file,
 )
-from .preprocess import (
-    CSRMatrix,
-    GraphDataset,
-    coalesce_edge_index,
-    edge_index_to_csr,
-    index_to_mask,
-    normalized_adjacency,
-    remove_self_loops,
-    row_normalize,
-    standardize,
-    to_undirected,
-    train_test_split,
-)
+from .csr import CSRMatrix
+from .graph_dataset import GraphDataset
+from .edge_index import coalesce_edge_index, edge_index_to_csr, index_to_mask, remove_self_loops, to_undirected
+from .normalize import normalized_adjacency, row_normalize
+from .tabular import standardize, train_test_split
 from .synthetic import random_graph, stochastic_block_model
 from .data import Data, HeteroData
 from .batch import Batch, DataLoader, Graph, collate, iterate_batches, random_graph_families

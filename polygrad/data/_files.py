@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 
 __all__ = ["read_table", "download_zip", "MAX_ARCHIVE_BYTES"]
 

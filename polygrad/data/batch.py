@@ -13,9 +13,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from .data import Data
-from .preprocess import as_generator
+from .seeds import as_generator
 
 __all__ = ["Graph", "Batch", "DataLoader", "collate", "iterate_batches", "random_graph_families"]
 

@@ -13,10 +13,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from ..sparse import sparse_csr
 from ..tensor import Tensor, tensor
-from .preprocess import CSRMatrix
+from .csr import CSRMatrix
 
 __all__ = ["Data", "HeteroData"]
 

@@ -15,9 +15,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from .data import Data
-from .preprocess import _check_edge_index, as_generator
+from .edge_index import _check_edge_index
+from .seeds import as_generator
 from .sampler import NeighborSampler
 
 __all__ = ["negative_sampling", "LinkNeighborLoader"]

@@ -7,7 +7,7 @@ for ``t`` in ``linspace(0, pi, ...)``, plus isotropic Gaussian noise.  Randomnes
 stream differs from scikit-learn's, which uses the legacy ``RandomState``).
 
 The tabular helpers :func:`standardize` and :func:`train_test_split` live in
-:mod:`polygrad.data.preprocess` and are re-exported here for convenience.
+:mod:`polygrad.data.tabular` and are re-exported here for convenience.
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from polygrad import memory
-from polygrad.errors import DataError, MemoryBudgetError
+from polygrad.runtime import memory
+from polygrad.ir.errors import DataError, MemoryBudgetError
 
-from .preprocess import as_generator, standardize, train_test_split
+from .seeds import as_generator
+from .tabular import standardize, train_test_split
 
 __all__ = ["make_moons", "standardize", "train_test_split"]
 

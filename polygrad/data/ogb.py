@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from ._files import download_zip, read_table
 from .data import Data
-from .preprocess import index_to_mask
+from .edge_index import index_to_mask
 
 __all__ = ["load_ogb_node", "download_ogb_node", "OGB_NODE_URL"]
 

@@ -27,7 +27,7 @@ Assembly reproduces PyTorch Geometric's ``torch_geometric.io.read_planetoid_data
   CiteSeer graphs are symmetric after deduplication anyway (checked by the tests).
   Cora: 10,556 edges, CiteSeer: 9,104.
 
-Features are kept sparse (:class:`~polygrad.data.preprocess.CSRMatrix`, float32 as stored in
+Features are kept sparse (:class:`~polygrad.data.csr.CSRMatrix`, float32 as stored in
 the files, column indices sorted, duplicates summed); ``x_dense()`` gives PyG's dense ``x``.
 """
 from __future__ import annotations
@@ -46,10 +46,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from polygrad import memory
-from polygrad.errors import DataError, MemoryBudgetError, SparseIndexError
+from polygrad.runtime import memory
+from polygrad.ir.errors import DataError, MemoryBudgetError, SparseIndexError
 
-from .preprocess import CSRMatrix, GraphDataset, index_to_mask, unique_sorted
+from .csr import CSRMatrix, unique_sorted
+from .graph_dataset import GraphDataset
+from .edge_index import index_to_mask
 
 __all__ = [
     "PlanetoidDataset",
@@ -404,7 +406,7 @@ def _is_int(v: Any) -> bool:
 
 @dataclass(eq=False, repr=False)
 class PlanetoidDataset(GraphDataset):
-    """A Planetoid citation graph; see :class:`~polygrad.data.preprocess.GraphDataset`.
+    """A Planetoid citation graph; see :class:`~polygrad.data.graph_dataset.GraphDataset`.
 
     Adds ``test_index`` (int64, the ids of ``test.index`` in file order) and ``root`` (the
     folder the files came from).

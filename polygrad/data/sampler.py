@@ -20,9 +20,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from .data import Data
-from .preprocess import CSRMatrix, as_generator
+from .csr import CSRMatrix
+from .seeds import as_generator
 
 __all__ = ["NeighborSampler", "SampledGraph"]
 

@@ -21,9 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.errors import DataError
+from polygrad.ir.errors import DataError
 
-from .preprocess import CSRMatrix, GraphDataset, as_generator, index_to_mask, unique_sorted
+from .csr import CSRMatrix, unique_sorted
+from .graph_dataset import GraphDataset
+from .seeds import as_generator
+from .edge_index import index_to_mask
 
 __all__ = ["stochastic_block_model", "random_graph"]
 

@@ -14,10 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from .data import Data
 from .link import negative_sampling
-from .preprocess import CSRMatrix, as_generator
+from .csr import CSRMatrix
+from .seeds import as_generator
 from .utils import to_undirected
 
 __all__ = ["BaseTransform", "Compose", "NormalizeFeatures", "ToUndirected", "RandomNodeSplit", "RandomLinkSplit"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..ir.errors import DataError
 from ._files import download_zip, read_table
 from .data import Data
 from .utils import coalesce, remove_self_loops

@@ -6,7 +6,7 @@ returns a tuple (``remove_self_loops``, ``add_self_loops``, ``subgraph``, ``k_ho
 so does polygrad.  ``to_undirected`` returns the tuple only when ``edge_attr`` is passed (even as
 None), as PyG >= 2.3.
 
-The older helpers of :mod:`polygrad.data.preprocess` (``remove_self_loops(edge_index)`` returning
+The older helpers of :mod:`polygrad.data.edge_index` (``remove_self_loops(edge_index)`` returning
 an array, ``coalesce_edge_index``) keep their signatures; these are the PyG-shaped ones.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
-from .preprocess import _check_edge_index
+from ..ir.errors import DataError
+from .edge_index import _check_edge_index
 
 __all__ = ["degree", "coalesce", "to_undirected", "is_undirected", "remove_self_loops", "add_self_loops",
            "contains_self_loops", "subgraph", "k_hop_subgraph", "scatter_rows"]

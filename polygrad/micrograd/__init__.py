@@ -9,7 +9,7 @@ constructor arguments, the same draws from Python's ``random`` module in the sam
 ``random.seed(1337)`` gives the same weights), the same forward expressions, and micrograd's
 ``repr``s.  Forward values are bit-for-bit micrograd's; gradients can differ in the last bit
 where a node feeds several consumers (micrograd sums them in ``set`` order, polygrad in a fixed
-order), see :mod:`polygrad.value`.
+order), see :mod:`polygrad.engine.value`.
 
 Why a package of its own and not ``polygrad.nn``: ``polygrad.nn`` works on tensors, where a
 layer is one matmul; micrograd's ``nn`` works on lists of scalar ``Value``s, and code written

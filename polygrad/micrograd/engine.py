@@ -7,6 +7,6 @@ node inside the other's.
 """
 from __future__ import annotations
 
-from polygrad.value import Value
+from polygrad.engine.value import Value
 
 __all__ = ["Value"]

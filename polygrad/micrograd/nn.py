@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from polygrad.value import Value
+from polygrad.engine.value import Value
 
 __all__ = ["Module", "Neuron", "Layer", "MLP"]
 

@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polygrad.activations import leaky_relu
-from polygrad.errors import ShapeError
-from polygrad.graph_ops import expand_pattern, scatter, segment_softmax
-from polygrad.pattern import Pattern
+from polygrad.tensor.activations import leaky_relu
+from polygrad.ir.errors import ShapeError
+from polygrad.sparse.graph_ops import expand_pattern, scatter, segment_softmax
+from polygrad.sparse.pattern import Pattern
 from polygrad.sparse import is_sparse
 from polygrad.tensor import Tensor, concat, segment_sum, spmm, tensor
 
@@ -48,7 +48,7 @@ class GATConv(MessagePassing):
     ``return_attention_weights=True`` also returns ``(edge_index, alpha)``: the edges attended
     over (self loops included, PyG's order) and ``alpha`` ``[E, heads]`` in that order.
 
-    How it runs: all heads at once on head-expanded patterns (:func:`~polygrad.graph_ops.
+    How it runs: all heads at once on head-expanded patterns (:func:`~polygrad.sparse.graph_ops.
     expand_pattern`), so scores are gathers, the softmax is one segment reduction and the
     aggregation is one SpMM; the attention gradient is an SDDMM.  Nothing is ``N x N``.
     """

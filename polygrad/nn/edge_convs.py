@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from polygrad.errors import ShapeError
+from polygrad.ir.errors import ShapeError
 from polygrad.sparse import is_sparse
 from polygrad.tensor import Tensor
 

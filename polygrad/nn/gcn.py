@@ -16,8 +16,8 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
-from polygrad.dispatch import note_host_read
-from polygrad.errors import ShapeError
+from polygrad.engine.dispatch import note_host_read
+from polygrad.ir.errors import ShapeError
 from polygrad.sparse.graph import edge_index_array
 from polygrad.tensor import Tensor
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.activations import elu
+from polygrad.tensor.activations import elu
 from polygrad.tensor import Tensor, concat
 
 from .convs import GATConv, GINConv, SAGEConv

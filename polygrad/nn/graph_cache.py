@@ -17,7 +17,7 @@ therefore keeps both views:
 * the edges themselves, in the order they were given (``src`` / ``dst``): per-edge data
   (``edge_weight``, ``edge_attr``, a user's ``norm``) is in this order, and the general message
   path gathers, computes and scatters in it, exactly as PyG does;
-* the de-duplicated, destination-major :class:`~polygrad.pattern.Pattern` with each edge's
+* the de-duplicated, destination-major :class:`~polygrad.sparse.pattern.Pattern` with each edge's
   ``slot`` in it, for the SpMM fast path: the weight of an entry is the sum over its copies.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.dispatch import note_host_read
-from polygrad.errors import ShapeError
-from polygrad.pattern import Pattern, indptr_from_rows
+from polygrad.engine.dispatch import note_host_read
+from polygrad.ir.errors import ShapeError
+from polygrad.sparse.pattern import Pattern, indptr_from_rows
 from polygrad.sparse import is_sparse
 from polygrad.sparse.graph import edge_index_array
 from polygrad.tensor import Tensor

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping
 
-from polygrad.errors import ShapeError
+from polygrad.ir.errors import ShapeError
 from polygrad.tensor import Tensor, concat, stack
 
 from .module import Module

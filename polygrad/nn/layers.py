@@ -6,9 +6,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import polygrad as pg
-from polygrad.array_pool import HOST_POOL
+from polygrad.runtime.pool import HOST_POOL
 from polygrad.compile import fresh
-from polygrad.errors import ShapeError
+from polygrad.ir.errors import ShapeError
 from polygrad.tensor import Tensor
 
 from . import init as _init

@@ -12,8 +12,8 @@ from typing import Any, Iterable
 import numpy as np
 
 import polygrad as pg
-from polygrad.activations import softplus
-from polygrad.errors import DTypeError, ShapeError
+from polygrad.tensor.activations import softplus
+from polygrad.ir.errors import DTypeError, ShapeError
 from polygrad.tensor import Tensor, index_add, mse, reduce_losses as _reduce  # mse: one definition, pg.mse
 
 __all__ = ["cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "mse", "max_margin", "hinge",

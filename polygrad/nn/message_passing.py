@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.errors import ShapeError
-from polygrad.graph_ops import REDUCTIONS, scatter, scatter_sum
-from polygrad.pattern import Pattern
+from polygrad.ir.errors import ShapeError
+from polygrad.sparse.graph_ops import REDUCTIONS, scatter, scatter_sum
+from polygrad.sparse.pattern import Pattern
 from polygrad.sparse import is_sparse
 from polygrad.tensor import Tensor, spmm, tensor
 

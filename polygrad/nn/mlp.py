@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from polygrad.activations import elu, gelu, leaky_relu, softplus
-from polygrad.errors import ShapeError
+from polygrad.tensor.activations import elu, gelu, leaky_relu, softplus
+from polygrad.ir.errors import ShapeError
 from polygrad.tensor import Tensor
 
 from . import layers

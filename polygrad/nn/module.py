@@ -19,8 +19,8 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.compile.recorder import note_module
-from polygrad.errors import CheckpointError, ShapeError
-from polygrad.registry import resolve
+from polygrad.ir.errors import CheckpointError, ShapeError
+from polygrad.runtime.registry import resolve
 from polygrad.tensor import Tensor
 
 from .utils import move_tensor

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 import polygrad as pg
-from polygrad.errors import ShapeError
-from polygrad.graph_ops import scatter_sum
+from polygrad.ir.errors import ShapeError
+from polygrad.sparse.graph_ops import scatter_sum
 from polygrad.tensor import Tensor, is_sparse
 
 from .module import Module

@@ -3,7 +3,7 @@
 ``batch[i]`` is the graph of node ``i`` (the vector :class:`polygrad.data.Batch` builds); the
 result has one row per graph, ``size`` rows when given (graphs without nodes give 0), else
 ``batch.max() + 1``.  PyG's ``torch_geometric.nn.global_*_pool``; gradients through the scatter
-reductions of :mod:`polygrad.graph_ops` (max: to the maximal nodes, ties split evenly).
+reductions of :mod:`polygrad.sparse.graph_ops` (max: to the maximal nodes, ties split evenly).
 
 Sum and mean over a *sorted* ``batch`` (every collated batch is: graph 0's nodes, then graph
 1's, ...) run as one SpMM with the ``[num_graphs, N]`` pooling matrix, whose pattern is just
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.errors import ShapeError, SparseIndexError
-from polygrad.graph_ops import scatter
-from polygrad.pattern import Pattern
+from polygrad.ir.errors import ShapeError, SparseIndexError
+from polygrad.sparse.graph_ops import scatter
+from polygrad.sparse.pattern import Pattern
 from polygrad.sparse import SparseTensor
 from polygrad.tensor import Tensor, tensor
 

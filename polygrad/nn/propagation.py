@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polygrad.errors import ShapeError
-from polygrad.graph_ops import scatter_sum
+from polygrad.ir.errors import ShapeError
+from polygrad.sparse.graph_ops import scatter_sum
 from polygrad.sparse import is_sparse
 from polygrad.tensor import Tensor, concat, index_add, tensor, where
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polygrad.errors import CheckpointError, ShapeError
+from polygrad.ir.errors import CheckpointError, ShapeError
 from polygrad.tensor import Tensor
 
 from .convs import GATConv

@@ -7,7 +7,7 @@ from typing import Iterable
 from typing import Any
 
 import polygrad as pg
-from polygrad.errors import NonFiniteError
+from polygrad.ir.errors import NonFiniteError
 from polygrad.tensor import Tensor, is_sparse
 
 __all__ = ["clip_grad_norm_", "grad_norm", "move_tensor"]

@@ -25,7 +25,7 @@ import numpy as np
 import polygrad as pg
 from polygrad.compile import host_call
 from polygrad.compile.recorder import note_group_write
-from polygrad.errors import CheckpointError, DTypeError
+from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
 __all__ = ["Optimizer", "ParamGroup"]

@@ -1,6 +1,6 @@
 """Sparse tensors (COO / CSR), their ops, and the layout policy.
 
-A :class:`SparseTensor` is a :class:`~polygrad.pattern.Pattern` (canonical CSR index arrays on the
+A :class:`SparseTensor` is a :class:`~polygrad.sparse.pattern.Pattern` (canonical CSR index arrays on the
 host, shared and immutable) plus a dense 1-D :class:`~polygrad.tensor.Tensor` of values, one per
 stored entry.  Only the values live in the autodiff graph, so every sparse op below is a few dense
 ops on the values plus the pattern-aware primitives SPMM, SDDMM and SEGMENT_SUM/MAX

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import sharing
-from ..config import config
-from ..dispatch import is_grad_enabled
+from ..runtime import sharing
+from ..runtime.config import config
+from ..engine.dispatch import is_grad_enabled
 from ..tensor import Tensor
 from .construct import _nonzero_sparse
 from .layout import _events, choose_layout

@@ -7,12 +7,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import memory
-from ..dispatch import is_grad_enabled
-from ..dtypes import as_dtype, default_float
-from ..errors import DTypeError, MixedBackendError, NonFiniteError, ShapeError, SparseIndexError
-from ..pattern import Pattern
-from ..registry import resolve
+from ..runtime import memory
+from ..engine.dispatch import is_grad_enabled
+from ..ir.dtypes import as_dtype, default_float
+from ..ir.errors import DTypeError, MixedBackendError, NonFiniteError, ShapeError, SparseIndexError
+from .pattern import Pattern
+from ..runtime.registry import resolve
 from ..tensor import Tensor, index_add, tensor, tensor_from_numpy
 from .layout import _check_layout, choose_layout
 from .sparse_tensor import SparseTensor, _describe, to_dense

@@ -5,8 +5,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import default_float
-from ..errors import ShapeError, SparseIndexError
+from ..ir.dtypes import default_float
+from ..ir.errors import ShapeError, SparseIndexError
 from ..tensor import Tensor, segment_sum, tensor_from_numpy, where
 from .construct import _scatter
 from .sparse_tensor import SparseTensor, _as_sparse, _describe

@@ -10,11 +10,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import memory
-from ..config import config
-from ..dtypes import default_float
-from ..ops import Op
-from ..registry import registry
+from ..runtime import memory
+from ..runtime.config import config
+from ..ir.dtypes import default_float
+from ..ir.ops import Op
+from ..runtime.registry import registry
 
 LAYOUTS = ("csr", "coo")
 _events = registry.events

@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import memory
-from ..config import config
-from ..errors import DTypeError, MixedBackendError, ShapeError
+from ..runtime import memory
+from ..runtime.config import config
+from ..ir.errors import DTypeError, MixedBackendError, ShapeError
 from ..tensor import Tensor, spmm
 # the dense ops (polygrad's package namespace rebinds the name "tensor" to the function, so import
 # them by name rather than through the module)
 from ..tensor import add as _dense_add, div as _dense_div, pow as _dense_pow
-from ..pattern import Pattern
+from .pattern import Pattern
 from .layout import _events
 from .construct import _coalesce, _scatter, intersect_pattern, union_pattern
 from .sparse_tensor import SparseTensor, _dense_operand, _describe, _gather_dense, to_dense, transpose

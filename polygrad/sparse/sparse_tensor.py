@@ -1,4 +1,4 @@
-"""The sparse tensor: a shared :class:`~polygrad.pattern.Pattern` plus a dense 1-D tensor of values.
+"""The sparse tensor: a shared :class:`~polygrad.sparse.pattern.Pattern` plus a dense 1-D tensor of values.
 
 Also the few value-level operations its methods are made of (transpose, sums, densification,
 row/column scaling, row softmax), so the container depends on nothing above it in this package.
@@ -10,16 +10,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import memory
-from ..dispatch import is_grad_enabled
-from ..dtypes import default_float
-from ..errors import DTypeError, GraphError, MixedBackendError, ShapeError
-from ..inference import normalize_axes
-from ..ops import Op
-from ..pattern import Pattern
-from ..registry import resolve
-from ..torch_names import accept_torch_names
-from ..tensor import Tensor, _as_operand, index_add, segment_max, segment_sum, tensor, tensor_from_numpy
+from ..runtime import memory
+from ..engine.dispatch import is_grad_enabled
+from ..ir.dtypes import default_float
+from ..ir.errors import DTypeError, GraphError, MixedBackendError, ShapeError
+from ..engine.inference import normalize_axes
+from ..ir.ops import Op
+from .pattern import Pattern
+from ..runtime.registry import resolve
+from ..tensor.torch_names import accept_torch_names
+from ..tensor import Tensor, index_add, segment_max, segment_sum, tensor, tensor_from_numpy
+from ..tensor.elementwise import _as_operand
 from .layout import _check_layout
 
 
@@ -315,7 +316,7 @@ class SparseTensor(Tensor):
                 f"layout={self.layout!r}, {extra})")
 
 
-# dim=/keepdim= as for dense tensors (see polygrad.torch_names)
+# dim=/keepdim= as for dense tensors (see polygrad.tensor.torch_names)
 SparseTensor.sum = accept_torch_names(SparseTensor.sum, "SparseTensor.sum")  # type: ignore[method-assign]
 SparseTensor.softmax = accept_torch_names(SparseTensor.softmax, "SparseTensor.softmax")  # type: ignore[method-assign]
 

@@ -4,7 +4,7 @@ Public API for users and third-party backend authors.
 """
 from __future__ import annotations
 
-from ..ops import list_ops
+from ..ir.ops import list_ops
 from .faults import inject_fault
 from .grads import assert_backends_agree, check_grads, numerical_grad
 

@@ -10,7 +10,7 @@ backend, and other tests (fuzzing, fallback, fault injection) can reuse them::
 Inputs are plain numpy arrays (float64 unless the op needs ints or bools) chosen so central
 differences are well defined: no relu input near 0, no near-ties in maximum/max, positive bases
 for pow and log.  They cover broadcasting, size-1 dims, 0-d tensors and empty tensors where the
-op allows them.  Sparse ops get a :class:`~polygrad.pattern.Pattern` built from a small random
+op allows them.  Sparse ops get a :class:`~polygrad.sparse.pattern.Pattern` built from a small random
 CSR matrix that has an empty row (the kit depends on nothing else of the sparse API).
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..dispatch import apply
-from ..errors import DTypeError, IndexOutOfRangeError, PolygradError, ShapeError
-from ..ops import NON_DIFFERENTIABLE, Op
-from ..pattern import Pattern
+from ..engine.dispatch import apply
+from ..ir.errors import DTypeError, IndexOutOfRangeError, PolygradError, ShapeError
+from ..ir.ops import NON_DIFFERENTIABLE, Op
+from ..sparse.pattern import Pattern
 from ..tensor import tensor
 
 #: the layouts the catalogue knows how to build cases for

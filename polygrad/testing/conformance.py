@@ -36,18 +36,19 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .. import grad_rules, reference
-from ..autodiff import grad as pg_grad
-from ..autodiff import no_grad, unbroadcast
-from ..backend import Backend, declared_dtypes
-from ..dispatch import apply, kernel_dtypes
-from ..errors import FallbackWarning, PolygradError
-from ..hookspecs import hookimpl
-from ..inference import infer
-from ..ops import Op, kernel_key
-from ..registry import list_backends, registry
+from ..engine import grad_rules
+from ..engine import reference
+from ..engine.autodiff import grad as pg_grad
+from ..engine.autodiff import no_grad, unbroadcast
+from ..runtime.backend import Backend, declared_dtypes
+from ..engine.dispatch import apply, kernel_dtypes
+from ..ir.errors import FallbackWarning, PolygradError
+from ..runtime.hookspecs import hookimpl
+from ..engine.inference import infer
+from ..ir.ops import Op, kernel_key
+from ..runtime.registry import list_backends, registry
 from ..tensor import tensor
-from ..value import Value, backward_many
+from ..engine.value import Value, backward_many
 from .edges import EDGE_CASES, check_edge_points
 from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
 from .xfails import XFAIL_FILE, XFail, find_xfail, load_xfails, parse_xfails  # noqa: F401 - public here too

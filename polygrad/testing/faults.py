@@ -31,9 +31,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..backend import Backend
-from ..ops import Op
-from ..registry import registry
+from ..runtime.backend import Backend
+from ..ir.ops import Op
+from ..runtime.registry import registry
 
 MODES = ("raise", "wrong_shape", "nan")
 _lock = threading.Lock()

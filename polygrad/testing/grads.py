@@ -18,9 +18,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..autodiff import grad, no_grad
-from ..errors import ConformanceError, DTypeError, ShapeError
-from ..registry import list_backends
+from ..engine.autodiff import grad, no_grad
+from ..ir.errors import ConformanceError, DTypeError, ShapeError
+from ..runtime.registry import list_backends
 from ..tensor import Tensor, tensor
 
 Fn = Callable[..., Any]

@@ -3,13 +3,13 @@
     python -m polygrad.testing.opdoc            # rewrite docs/ops.md
     python -m polygrad.testing.opdoc --check    # exit 1 when docs/ops.md is stale
 
-For every primitive in :class:`polygrad.ops.Op` the page gives what a kernel receives (its array
+For every primitive in :class:`polygrad.ir.ops.Op` the page gives what a kernel receives (its array
 inputs and its keyword attributes, with their Python types), what it must return (the output
 shape and dtype rule, which dispatch checks), and the edge cases the conformance kit tests.  The
 prose lives in :data:`SPECS` below, one entry per op (a missing or extra entry is an error at
 import, so a new op cannot go undocumented); the groups, differentiability and layouts come
-from ``polygrad.ops``; and every worked example is *computed* by the scalar reference -- the
-definition of each op -- with its output shape and dtype from ``polygrad.inference``, so the
+from ``polygrad.ir.ops``; and every worked example is *computed* by the scalar reference -- the
+definition of each op -- with its output shape and dtype from ``polygrad.engine.inference``, so the
 examples cannot drift from what polygrad does.  ``tests/unit/test_opdoc.py`` fails when the
 committed page differs from what this module renders.
 """
@@ -23,10 +23,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polygrad import reference
-from polygrad.inference import infer
-from polygrad.ops import BINARY, COMPARE, MOVEMENT, NON_DIFFERENTIABLE, REDUCE, SPARSE, UNARY, Op, list_ops
-from polygrad.pattern import Pattern
+from polygrad.engine import reference
+from polygrad.engine.inference import infer
+from polygrad.ir.ops import BINARY, COMPARE, MOVEMENT, NON_DIFFERENTIABLE, REDUCE, SPARSE, UNARY, Op, list_ops
+from polygrad.sparse.pattern import Pattern
 
 __all__ = ["SPECS", "OpSpec", "Example", "render", "main"]
 
@@ -63,7 +63,7 @@ _A = _pattern((3, 3), [[0, 2], [], [1]])  # row 1 is empty
 _F = np.float64
 _ELEMENTWISE_EDGES = ("Operands of different shapes broadcast with numpy's rules; the kernel receives "
                       "them un-broadcast.",)
-_PATTERN_ATTR = ("pattern", "polygrad.pattern.Pattern",
+_PATTERN_ATTR = ("pattern", "polygrad.sparse.pattern.Pattern",
                  "the sparse structure: `shape` (rows, cols), `indptr` int64[rows+1], `rows` and `cols` "
                  "int64[nnz] in canonical row-major order (sorted, no duplicates), `layout` ('csr' or 'coo', "
                  "a label: both share this storage), `pattern.on(key, convert)` caches converted copies per "
@@ -305,7 +305,7 @@ def render() -> str:
         "never sees operands the op rejects) and checks the result's shape and dtype *after* it against "
         "the rule given for each op. Gradients need no kernel: every op's VJP is written in polygrad ops.",
         "",
-        "Every example below is computed by the scalar reference (`polygrad/reference.py`), the "
+        "Every example below is computed by the scalar reference (`polygrad/engine/reference.py`), the "
         "definition the conformance kit (`polygrad check NAME`) compares a backend with.",
         "",
         "Conventions for all ops: float math follows IEEE-754 (inf and nan results, never exceptions); "
@@ -331,7 +331,7 @@ def render() -> str:
         layouts = "csr and coo (the same canonical pattern; `layout` is a label)" if op in SPARSE else "dense"
         out.append(f"- **layouts**: {layouts}")
         out.append("- **gradient**: " + ("none (the output never requires grad)" if op in NON_DIFFERENTIABLE
-                                         else "from the rule in `polygrad/grad_rules.py`; no kernel needed"))
+                                         else "from the rule in `polygrad/engine/grad_rules.py`; no kernel needed"))
         if spec.edges:
             out += ["", "Edge cases:", ""] + [f"- {e}" for e in spec.edges]
         if spec.examples:

@@ -29,8 +29,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from ..backend import Backend
-from ..registry import registry
+from ..runtime.backend import Backend
+from ..runtime.registry import registry
 from . import conformance
 from .cases import bad_cases, cases
 from .temporary import temporary_plugin

@@ -13,9 +13,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ..backend import Backend
-from ..hookspecs import hookimpl
-from ..registry import registry
+from ..runtime.backend import Backend
+from ..runtime.hookspecs import hookimpl
+from ..runtime.registry import registry
 
 
 class BackendPlugin:

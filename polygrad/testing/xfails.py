@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Iterable, Sequence
 
-from ..ops import Op
+from ..ir.ops import Op
 
 XFAIL_FILE = "xfail.txt"
 

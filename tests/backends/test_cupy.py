@@ -35,9 +35,9 @@ import polygrad as pg
 from polygrad.backends import cupy as cupy_backend
 from polygrad.backends.cupy import CupyBackend, CupyModules
 from polygrad.errors import BackendError, BackendUnavailableError, SparseIndexError
-from polygrad.ops import Op
-from polygrad.pattern import Pattern
-from polygrad.registry import _Entry, registry
+from polygrad.ir.ops import Op
+from polygrad.sparse.pattern import Pattern
+from polygrad.runtime.registry import _Entry, registry
 from polygrad.tensor import sddmm, segment_max, segment_sum, spmm
 
 from ..helpers import analytic_grads, numerical_grads
@@ -726,7 +726,7 @@ def test_out_of_memory_goes_through_fallback_chain_to_numpy(monkeypatch):
 def test_memory_available_reads_device_memory(monkeypatch):
     be = CupyBackend(loader=lambda: fake_modules(free=5 << 30, pooled=123))
     assert be.memory_available() == (5 << 30) + 123
-    from polygrad import memory
+    from polygrad.runtime import memory
     assert memory.available_bytes(be) == (5 << 30) + 123
     broken = CupyBackend(loader=lambda: fake_modules(device_count=0))
     assert broken.memory_available() is None

@@ -8,7 +8,7 @@ import types
 import numpy as np
 
 import polygrad.backends.array_kernels as ak
-from polygrad.pattern import Pattern
+from polygrad.sparse.pattern import Pattern
 
 
 def fake_xp():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import graph_ops as go
+from polygrad.sparse import graph_ops as go
 from polygrad import nn
 from polygrad.testing import assert_backends_agree
 

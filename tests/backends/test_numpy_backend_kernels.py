@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import polygrad.backends.numpy as nb
-from polygrad.ops import Op
-from polygrad.pattern import Pattern
-from polygrad.registry import registry
+from polygrad.ir.ops import Op
+from polygrad.sparse.pattern import Pattern
+from polygrad.runtime.registry import registry
 
 
 def _kernel(op: Op, layout: str = "dense"):

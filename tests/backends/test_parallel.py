@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import polygrad as pg
 from polygrad.backends import parallel
-from polygrad.ops import Op
-from polygrad.pattern import Pattern
-from polygrad.registry import registry
+from polygrad.ir.ops import Op
+from polygrad.sparse.pattern import Pattern
+from polygrad.runtime.registry import registry
 
 THREAD_COUNTS = (1, 2, 3, 7)
 
@@ -235,7 +235,7 @@ def test_gcn_training_is_bit_identical_at_any_thread_count_even_when_it_changes(
 @FAST
 @given(st.integers(0, 2**31), st.sampled_from(["rmat", "uniform", "huge_row"]), st.integers(1, 3000))
 def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, edges):
-    from polygrad import pattern as pattern_module
+    from polygrad.sparse import pattern as pattern_module
 
     monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
     rng = np.random.default_rng(seed)

@@ -8,8 +8,8 @@ import pytest
 
 import polygrad as pg
 import polygrad.backends.array_kernels as ak
-from polygrad.ops import Op
-from polygrad.registry import registry
+from polygrad.ir.ops import Op
+from polygrad.runtime.registry import registry
 
 
 def kernels():

@@ -22,8 +22,8 @@ def kernels(request, monkeypatch):
     """The numpy backend as installed (a plugin may override its SpMM), and with its own kernels."""
     if request.param == "own":
         import polygrad.backends.array_kernels as ak
-        from polygrad.ops import SPARSE
-        from polygrad.registry import registry
+        from polygrad.ir.ops import SPARSE
+        from polygrad.runtime.registry import registry
         registry.load()
         for key, fn in ak.make_kernels(np).items():
             if key[0] in SPARSE:

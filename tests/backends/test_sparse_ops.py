@@ -114,8 +114,8 @@ class OpRecorder:
 @pytest.mark.parametrize("backend", ["scalar", "numpy"])
 def test_spmm_backward_runs_sddmm_only_when_values_need_grad(monkeypatch, backend):
     """dA is an SDDMM at A's nonzeros, and it is skipped when A's values need no gradient."""
-    from polygrad.ops import Op
-    from polygrad.registry import registry
+    from polygrad.ir.ops import Op
+    from polygrad.runtime.registry import registry
     registry.load()
     # a plugin's fused SpMM backward (polygrad-scipy) would bypass the rule checked here
     for layout in ("csr", "coo"):

@@ -55,7 +55,7 @@ WRONG_CONFTEST = textwrap.dedent('''
     import numpy as np
     import polygrad as pg
     from polygrad.backends.array_kernels import make_kernels
-    from polygrad.ops import Op
+    from polygrad.ir.ops import Op
 
     class Wrong(pg.Backend):
         name = "wrong"

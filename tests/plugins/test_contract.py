@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.backend import contract_problem
+from polygrad.runtime.backend import contract_problem
 
 NOT_NUMPY_DTYPE = """
 class FrameworkDType:  # what a torch/jax backend's arrays report: its own dtype object
@@ -94,7 +94,7 @@ def test_broken_array_method_is_reported_by_name_in_list_backends(method):
 def test_the_builtin_backends_keep_the_contract():
     for info in pg.list_backends():
         if info.available:
-            assert contract_problem(pg.registry.registry.get(info.name)) == ""
+            assert contract_problem(pg.runtime.registry.registry.get(info.name)) == ""
 
 
 def test_a_method_that_raises_is_reported_with_what_it_raised():
@@ -141,7 +141,7 @@ def _cli(site: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.pop("POLYGRAD_BACKEND", None)
-    return subprocess.run([sys.executable, "-m", "polygrad.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "polygrad", *args], env=env, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.backend import contract_problem, supports_dtype
+from polygrad.runtime.backend import contract_problem, supports_dtype
 from polygrad.backends.array_kernels import make_kernels
 from polygrad.errors import DTypeError
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 from polygrad.testing.temporary import temporary_plugin
 from polygrad.testing.conformance import run_conformance
 
@@ -93,7 +93,7 @@ def test_bad_dtype_declarations_are_named(dtypes, needle) -> None:
 
 
 def test_an_immutable_backend_shares_its_arrays_without_a_host_round_trip() -> None:
-    from polygrad.train import _copy_tensor
+    from polygrad.apps.train import _copy_tensor
 
     class Frozen(_NumpyBackend):
         immutable = True

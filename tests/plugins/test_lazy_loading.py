@@ -19,7 +19,7 @@ LAZY_PLUGIN = '''
 import sys
 import numpy as np
 import polygrad as pg
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 sys.modules.setdefault("lazylib_imported", sys)   # marker: the "array library" was imported
 

@@ -11,7 +11,7 @@ import pytest
 
 import polygrad as pg
 from polygrad.errors import FallbackWarning
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 from polygrad.compile.backend_compile import COMPILED_STEP, CompiledStep, KernelProgram
 from polygrad.testing.temporary import registry_snapshot
 

@@ -1,4 +1,4 @@
-"""The host array pool (polygrad.array_pool): a buffer is reused only when nothing can see it.
+"""The host array pool (polygrad.runtime.pool): a buffer is reused only when nothing can see it.
 
 Attacks: every way a caller can keep a view of a pooled array alive (slices, transposes, a
 memoryview, DLPack, a tensor, a user's ``t.numpy()``), threads allocating at once, stale contents
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.array_pool import HOST_POOL, ArrayPool
+from polygrad.runtime.pool import HOST_POOL, ArrayPool
 
 from tests.helpers import wait_for_forked_child
 
@@ -161,7 +161,7 @@ for _ in range(3):
     h = nn.dropout(model(x), 0.5)
     loss = (h * h).mean()
     opt.zero_grad(); loss.backward(); opt.step()
-from polygrad.array_pool import HOST_POOL
+from polygrad.runtime.pool import HOST_POOL
 print(repr(float(loss.item())), HOST_POOL.enabled, HOST_POOL.hits > 0)
 """
     out = {}
@@ -178,7 +178,7 @@ def test_idle_buffers_are_given_back_under_an_address_space_limit():
     # 4 idle 64 MiB buffers and 300 MiB of headroom: a 256 MiB array of another size only fits
     # once the pool gives its idle buffers back (an allocation failure does that, then retries)
     got = run_limited("""
-from polygrad.array_pool import ArrayPool
+from polygrad.runtime.pool import ArrayPool
 pool = ArrayPool()
 def fill():
     held = [pool.empty((8 << 20,), np.float64) for _ in range(4)]
@@ -193,8 +193,8 @@ case("retry", fill)
 
 
 def test_idle_buffers_count_as_available_to_the_memory_budget(monkeypatch):
-    from polygrad import memory
-    from polygrad.registry import registry
+    from polygrad.runtime import memory
+    from polygrad.runtime.registry import registry
 
     numpy_backend = registry.get("numpy")
     n = HOST_POOL.min_bytes // 4
@@ -209,7 +209,7 @@ def test_idle_buffers_count_as_available_to_the_memory_budget(monkeypatch):
 
 
 def test_a_large_allocation_under_memory_pressure_gives_idle_buffers_back_first(monkeypatch):
-    from polygrad import array_pool
+    from polygrad.runtime import pool as array_pool
 
     pool = ArrayPool(min_bytes=SMALL_MIN)
     held = [pool.empty((1024,), np.float64) for _ in range(3)]
@@ -237,7 +237,7 @@ def test_buffers_of_sizes_no_longer_used_are_given_back():
 
 
 def array_pool_evict() -> int:
-    from polygrad.array_pool import EVICT_AFTER_MISSES
+    from polygrad.runtime.pool import EVICT_AFTER_MISSES
     return EVICT_AFTER_MISSES
 
 
@@ -251,7 +251,7 @@ def tracer(frame, event, arg):
     return tracer
 sys.settrace(tracer)
 import polygrad as pg
-from polygrad.array_pool import HOST_POOL
+from polygrad.runtime.pool import HOST_POOL
 x = pg.tensor(np.ones(2_100_000, dtype=np.float32))
 a = (x * 2.0).numpy()
 b = (x * 5.0).numpy()
@@ -268,7 +268,7 @@ print(bool(np.shares_memory(a, b) or np.shares_memory(a, c)), float(a[0]), float
 def test_an_allocation_made_while_the_pool_holds_its_lock_does_not_deadlock(monkeypatch):
     # a finalizer run by a garbage collection inside the pool (or a signal handler) may allocate
     # or give a buffer back: simulated deterministically from inside the pool's own allocation
-    from polygrad import array_pool
+    from polygrad.runtime import pool as array_pool
 
     pool = ArrayPool(min_bytes=SMALL_MIN)
     inner: list = []
@@ -322,7 +322,7 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_allocate():
 
 
 def test_a_reused_buffer_is_no_longer_marked_shared():
-    from polygrad import sharing
+    from polygrad.runtime import sharing
 
     pool = ArrayPool(min_bytes=SMALL_MIN)
     a = pool.empty((1024,), np.float64)
@@ -362,7 +362,7 @@ def test_a_torch_tensor_keeps_its_buffer_busy():
 def test_sizes_that_keep_changing_keep_the_peak_within_1_2x_of_no_pool():
     # issue 26's case, scaled down: 40 outputs of 120-240 units, a few alive at a time; the pool's
     # peak (in use + idle) stays within 1.2x of the peak in use (what a process without it holds)
-    from polygrad import array_pool
+    from polygrad.runtime import pool as array_pool
 
     pool = ArrayPool(min_bytes=SMALL_MIN)
     rng = np.random.default_rng(0)
@@ -384,7 +384,7 @@ def test_sizes_that_keep_changing_keep_the_peak_within_1_2x_of_no_pool():
 
 
 def test_idle_memory_is_bounded_by_the_cgroup_limit(tmp_path, monkeypatch):
-    from polygrad import array_pool
+    from polygrad.runtime import pool as array_pool
 
     (tmp_path / "memory.max").write_text("1073741824\n")      # cgroup v2: 1 GiB
     (tmp_path / "memory.current").write_text("805306368\n")   # 768 MiB used
@@ -402,6 +402,6 @@ def test_idle_memory_is_bounded_by_the_cgroup_limit(tmp_path, monkeypatch):
 def test_the_pool_does_not_poll_reference_counts():
     import inspect
 
-    from polygrad import array_pool
+    from polygrad.runtime import pool as array_pool
 
     assert "getrefcount" not in inspect.getsource(array_pool)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.checkpoint import remove_stale_temporaries
+from polygrad.io.checkpoint import remove_stale_temporaries
 from polygrad.errors import CheckpointError
 
 from ._limited import REPO, run_limited
@@ -238,7 +238,7 @@ def test_save_that_cannot_write_raises_oserror_and_keeps_old(tmp_path, monkeypat
     """Each step of the atomic write failing (by monkeypatching, so it runs as root too, where
     chmod makes nothing read-only): the OSError reaches the caller, the old file is intact, and
     no temporary is left behind."""
-    import polygrad.checkpoint as checkpoint
+    import polygrad.io.checkpoint as checkpoint
 
     target = tmp_path / "model.npz"
     pg.save({"w": pg.zeros(2)}, target)

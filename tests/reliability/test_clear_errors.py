@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import activations
+from polygrad.tensor import activations
 from polygrad.errors import DTypeError, PolygradError, SparseIndexError
 from polygrad.nn import global_add_pool, global_max_pool, global_mean_pool
 

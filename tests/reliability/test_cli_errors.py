@@ -25,7 +25,7 @@ def _limit():
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polygrad.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "polygrad", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=timeout, preexec_fn=_limit,
                           env={"PATH": "/usr/bin:/bin", "POLYGRAD_DEBUG": "", "HOME": str(REPO)})
 
@@ -100,7 +100,7 @@ def test_dataset_with_a_hostile_pickle(tmp_path):
 
 
 def test_internal_errors_are_reported_without_traceback(monkeypatch, capsys):
-    from polygrad import cli
+    from polygrad.apps import cli
     monkeypatch.setattr(cli, "cmd_backends", lambda args: (_ for _ in ()).throw(AttributeError("oops")))
     monkeypatch.delenv("POLYGRAD_DEBUG", raising=False)
     parser = cli.build_parser

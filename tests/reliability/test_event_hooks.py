@@ -16,7 +16,7 @@ import pytest
 
 import polygrad as pg
 from polygrad.errors import PluginWarning
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 
 
 class Healthy:
@@ -55,7 +55,7 @@ def _raiser(hook: str, exc: BaseException):
 def _forget_failures():
     """The failure record is process-wide (a disabled listener stays disabled): keep other
     tests' view of pg.stats() and `polygrad backends` clean."""
-    from polygrad import events
+    from polygrad.runtime import events
     before = dict(events.hook_failures)
     yield
     events.hook_failures.clear()
@@ -183,7 +183,7 @@ def test_cli_backends_reports_a_raising_installed_plugin(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: badhook-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[polygrad]\nbadhook = badhook_plugin\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(pkg)}
-    run = subprocess.run([sys.executable, "-m", "polygrad.cli", "backends"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "polygrad", "backends"], capture_output=True, text=True,
                          env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr

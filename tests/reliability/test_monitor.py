@@ -66,7 +66,7 @@ def test_all_threads_option_records_everything():
 
 def test_nan_producing_kernel_is_reported(caplog):
     from polygrad.testing import inject_fault
-    with caplog.at_level(logging.WARNING, logger="polygrad.monitor"):
+    with caplog.at_level(logging.WARNING, logger="polygrad.runtime.monitor"):
         with pg.monitor() as m, inject_fault("numpy", "exp", mode="nan"):
             pg.tensor([0.0, 1.0]).exp()
             pg.tensor([0.0, 1.0]).exp()

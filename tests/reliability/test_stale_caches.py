@@ -12,7 +12,7 @@ import pytest
 import polygrad as pg
 import polygrad.nn as nn
 from polygrad.sparse import autosparse as sparse_mod  # the module that owns the matmul cache
-from polygrad.config import config
+from polygrad.runtime.config import config
 
 
 def _mostly_zero(n=200, m=300, seed=0):

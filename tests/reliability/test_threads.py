@@ -132,7 +132,7 @@ def _race_freed_graph():
 # -- pg.set_num_threads: the setting, its validation, the default, fork safety (issue 21) -----------
 
 def test_set_num_threads_round_trips_and_refuses_bad_counts():
-    from polygrad.threads import ThreadCountError
+    from polygrad.runtime.threads import ThreadCountError
 
     before = pg.get_num_threads()
     try:
@@ -169,7 +169,7 @@ def test_the_environment_variable_sets_the_count_and_a_bad_one_is_named():
 def test_the_default_is_the_cores_the_process_may_use(tmp_path):
     import os
 
-    from polygrad.threads import available_cores
+    from polygrad.runtime.threads import available_cores
 
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     (tmp_path / "cpu.max").write_text("max 100000\n")           # cgroup v2, no quota
@@ -189,7 +189,7 @@ def test_the_default_is_the_cores_the_process_may_use(tmp_path):
 
 
 def test_blas_follows_the_setting():
-    from polygrad.threads import _loaded_openblas, set_blas_threads
+    from polygrad.runtime.threads import _loaded_openblas, set_blas_threads
 
     if not _loaded_openblas():
         pytest.skip("no OpenBLAS loaded in this process (numpy built against another BLAS)")
@@ -197,7 +197,7 @@ def test_blas_follows_the_setting():
 
 
 def test_a_block_that_raises_reraises_in_the_caller_after_the_others_finish():
-    from polygrad.threads import run_blocks
+    from polygrad.runtime.threads import run_blocks
 
     done = []
 
@@ -218,7 +218,7 @@ def test_a_child_forked_after_the_pool_started_runs_parallel_kernels():
     if not hasattr(os, "fork"):
         pytest.skip("needs os.fork")
     from polygrad.backends import parallel
-    from polygrad.threads import run_blocks
+    from polygrad.runtime.threads import run_blocks
 
     run_blocks(lambda i: None, [(i,) for i in range(4)], threads=2)  # the pool's threads exist now
     n = parallel.DENSE_PARALLEL_MIN

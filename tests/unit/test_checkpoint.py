@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import checkpoint, nn
+from polygrad.io import checkpoint
+from polygrad import nn
 from polygrad.errors import CheckpointError
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import polygrad as pg
-from polygrad import cli
+from polygrad.apps import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,7 +112,7 @@ def test_bench_runs_no_code_from_the_working_directory(tmp_path):
     (stub / "_harness.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef main(argv=None): return 0\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for argv in (["bench", "value"], ["bench", "--list"]):
-        proc = subprocess.run([sys.executable, "-m", "polygrad.cli", *argv], cwd=tmp_path, env=env,
+        proc = subprocess.run([sys.executable, "-m", "polygrad", *argv], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "python -m benchmarks" in proc.stderr, proc.stderr
     assert not marker.exists()
@@ -139,7 +139,7 @@ def test_check_without_the_kit_explains(capsys, monkeypatch):
 
 
 def test_the_console_entry_point_runs():
-    proc = subprocess.run([sys.executable, "-m", "polygrad.cli", "--version"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "polygrad", "--version"], capture_output=True, text=True,
                           timeout=120, cwd=REPO_ROOT)
     assert proc.returncode == 0 and proc.stdout.startswith("polygrad ")
 

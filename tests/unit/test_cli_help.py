@@ -6,7 +6,7 @@ from importlib.metadata import version
 import pytest
 
 import polygrad as pg
-from polygrad.cli import main
+from polygrad.apps.cli import main
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -12,14 +12,14 @@ import polygrad as pg
 from polygrad import nn, optim
 from polygrad import data as pdata
 from polygrad.compile import CompileError
-from polygrad.demos import load_graph
+from polygrad.apps.demos import load_graph
 from polygrad.errors import BackendError, FallbackWarning
 from polygrad.testing import inject_fault
 from tests.helpers import sparse_dropout_step
 
 from pathlib import Path
 
-from polygrad.train import fit
+from polygrad.apps.train import fit
 
 # these tests pin the pure mode's capture and replay (pg.compile(fn, pure=True)); the default mode,
 # which runs the step's Python on every call, is tested in test_compile_modes.py
@@ -324,7 +324,7 @@ def test_fault_in_replayed_fused_backward_is_survived(monkeypatch):
     pg.manual_seed(99)
     want = eager_step().item()
     pg.manual_seed(99)
-    table = pg.registry.registry.vjp_tables["numpy"]
+    table = pg.runtime.registry.registry.vjp_tables["numpy"]
     key = (pg.Op.SPMM, "csr")
     fused = table[key]
     calls = []
@@ -519,7 +519,7 @@ def test_threads_share_a_compiled_step():
 
 
 def test_cli_demo_compile_flag(capsys):
-    from polygrad.cli import main
+    from polygrad.apps.cli import main
     import json
 
     for flag, expected in (("--compile", True), ("--no-compile", False)):

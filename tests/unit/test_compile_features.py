@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import memory, nn, optim
+from polygrad.runtime import memory
+from polygrad import nn
+from polygrad import optim
 from polygrad.errors import MemoryBudgetError
 from polygrad.optim import lr_scheduler
 from polygrad.testing import inject_fault
@@ -161,7 +163,7 @@ def test_memory_fraction_is_a_guard():
 
 
 def test_demos_report_whether_steps_were_replayed(monkeypatch, capsys):
-    from polygrad.cli import main
+    from polygrad.apps.cli import main
 
     assert main(["demo", "gcn", "--epochs", "6", "--no-progress", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["compiled"] is True
@@ -215,7 +217,7 @@ def _dropout_draws_equal(f, x, checked: bool) -> None:
 # -- small-output variants of kernels (polygrad_small) -----------------------------------------------
 
 def test_replay_calls_a_declared_small_variant_only_at_small_call_sites(monkeypatch):
-    from polygrad.registry import registry
+    from polygrad.runtime.registry import registry
 
     registry.load()
     kernel = registry.tables["numpy"][(pg.Op.ADD, "dense")]
@@ -373,7 +375,7 @@ def test_row_gather_rewrite_keeps_a_promoted_sum_dtype():
 
 
 def test_take_rows_is_right_cached_and_bounded():
-    from polygrad.pattern import TAKE_ROWS_CACHED, Pattern
+    from polygrad.sparse.pattern import TAKE_ROWS_CACHED, Pattern
 
     rng = np.random.default_rng(6)
     rows_all, cols_all = np.nonzero(rng.random((30, 20)) < 0.3)

@@ -193,8 +193,8 @@ def test_a_changed_input_leaves_the_plan_and_equals_eager(change: str) -> None:
             w32 = pg.tensor(params[0].numpy().astype(np.float32), requires_grad=True)
             out.append(fn(w32))
         elif change == "kernel":  # the registry's kernel replaced between calls: the new one runs
-            from polygrad.registry import registry
-            from polygrad.ops import Op, kernel_key
+            from polygrad.runtime.registry import registry
+            from polygrad.ir.ops import Op, kernel_key
             table = registry.tables["numpy"]
             key = kernel_key(Op.RELU, "dense")
             old = table[key]
@@ -211,7 +211,7 @@ def test_a_changed_input_leaves_the_plan_and_equals_eager(change: str) -> None:
 
 def _graph_layout(root: Any) -> list:
     """Each node's op and which of its inputs it keeps without data (what saved_inputs decided)."""
-    from polygrad.graph import toposort
+    from polygrad.engine.graph import toposort
     return [(str(t._node.op), [inp._data is None for inp in t._node.inputs]) for t in toposort([root])]
 
 

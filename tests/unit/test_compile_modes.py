@@ -392,7 +392,7 @@ def test_set_argument_is_a_clear_error_naming_it(pure):
 # -- the demos use the pure mode: it must give their eager numbers -------------------------------------
 
 def test_moons_demo_pure_mode_equals_eager_bit_for_bit():
-    from polygrad.demos import run_moons
+    from polygrad.apps.demos import run_moons
 
     eager = run_moons(steps=12, progress=False, compile=False)
     pure = run_moons(steps=12, progress=False, compile=True)
@@ -401,7 +401,7 @@ def test_moons_demo_pure_mode_equals_eager_bit_for_bit():
 
 
 def test_gcn_demo_pure_mode_equals_eager_bit_for_bit():
-    from polygrad.demos import load_graph, train_gcn
+    from polygrad.apps.demos import load_graph, train_gcn
 
     ds = load_graph(None, "cora", False)  # Cora where POLYGRAD_PLANETOID_DIR says, else the embedded graph
     eager = train_gcn(ds, seed=0, epochs=8, compile=False)
@@ -412,7 +412,7 @@ def test_gcn_demo_pure_mode_equals_eager_bit_for_bit():
 
 
 def test_fit_reports_its_mode_and_the_default_mode_equals_eager():
-    from polygrad.train import fit
+    from polygrad.apps.train import fit
 
     def run(compile: Any) -> tuple:
         model, opt, x, y = _regression()
@@ -451,8 +451,8 @@ def test_default_mode_gradient_written_in_place_does_not_reach_the_next_call():
 
 
 def test_gat_demo_default_mode_equals_eager_bit_for_bit():
-    from polygrad.demos import graph_tensors, load_graph
-    from polygrad.gnn_demos import build_gat, train_node_model
+    from polygrad.apps.demos import graph_tensors, load_graph
+    from polygrad.apps.gnn_demos import build_gat, train_node_model
 
     ds = load_graph(None, "cora", False)
     x = graph_tensors(ds)[0]

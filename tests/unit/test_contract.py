@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.backend import KDLCPU
+from polygrad.runtime.backend import KDLCPU
 from polygrad.errors import BackendUnavailableError, ShapeError
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 
 FAKE_DEVICE = 14  # a DLPack device type no built-in backend takes
 

@@ -200,7 +200,7 @@ def write_graphs_as_tu(folder: Path, graphs, name: str = "FAM") -> Path:
 def test_gin_demo_reads_a_tudataset_folder(tmp_path, capsys):
     import json
 
-    from polygrad.cli import main
+    from polygrad.apps.cli import main
     from polygrad.data import random_graph_families
 
     graphs = random_graph_families(40, seed=0)

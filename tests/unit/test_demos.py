@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import demos
+from polygrad.apps import demos
 from tests.conftest import planetoid_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.draw import graph_spec, save_graph
+from polygrad.tensor.draw import graph_spec, save_graph
 from polygrad.errors import PolygradError
 from polygrad.tensor import spmm
 from polygrad.testing.cases import sample_pattern
@@ -94,7 +94,7 @@ def test_save_graph_svg_needs_dot_program(tmp_path):
 def test_gv_text_needs_no_graphviz_package(monkeypatch, tmp_path):
     import sys
 
-    from polygrad.draw import save_graph
+    from polygrad.tensor.draw import save_graph
     monkeypatch.setitem(sys.modules, "graphviz", None)  # import graphviz -> ImportError
     x = pg.tensor([1.0, 2.0], requires_grad=True)
     x.name = 'x "quoted"'

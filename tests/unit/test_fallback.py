@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import dispatch
+from polygrad.engine import dispatch
 from polygrad.errors import BackendError, BackendUnavailableError, PolygradError
-from polygrad.ops import Op
-from polygrad.pattern import Pattern
+from polygrad.ir.ops import Op
+from polygrad.sparse.pattern import Pattern
 from polygrad.tensor import spmm
 from polygrad.testing import inject_fault
 from polygrad.testing.cases import Case, cases
@@ -636,8 +636,8 @@ def test_validate_mode_catches_a_kernel_that_disagrees_with_the_reference(monkey
     """POLYGRAD_VALIDATE / pg.config.validate shadow-runs kernels against the scalar reference."""
     import polygrad as pg
     from polygrad.errors import BackendError
-    from polygrad.ops import Op
-    from polygrad.registry import registry
+    from polygrad.ir.ops import Op
+    from polygrad.runtime.registry import registry
 
     monkeypatch.setattr(pg.config, "validate", True)
     x = pg.tensor([0.5, -1.0, 2.0], dtype=pg.float64)

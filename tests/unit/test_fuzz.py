@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import polygrad as pg
 from polygrad.errors import PolygradError
-from polygrad.pattern import Pattern
+from polygrad.sparse.pattern import Pattern
 from polygrad.tensor import index_add, sddmm, segment_max, segment_sum, spmm
 
 HANG_SECONDS = 10

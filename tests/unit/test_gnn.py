@@ -341,7 +341,7 @@ def test_sampled_sage_on_a_subgraph_matches_the_full_graph_at_full_fanout():
 def test_demos_run_and_print_the_gcn_json_fields(argv, capsys):
     import json
 
-    from polygrad.cli import main
+    from polygrad.apps.cli import main
     assert main(["demo", *argv, "--json", "--no-progress"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("demo", "test_accuracy", "epochs", "epoch_time_ms", "peak_rss_mb", "backend", "runs", "seeds"):

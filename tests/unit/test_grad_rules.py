@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.pattern import Pattern
+from polygrad.sparse.pattern import Pattern
 from polygrad.tensor import sddmm as T_sddmm, segment_sum as T_segment_sum, spmm as T_spmm
 from tests.helpers import analytic_grads, numerical_grads
 

@@ -1,4 +1,4 @@
-"""Graph primitives (polygrad.graph_ops) and the activations (polygrad.activations).
+"""Graph primitives (polygrad.sparse.graph_ops) and the activations (polygrad.tensor.activations).
 
 Gradients against central differences in float64 on numpy and on the scalar reference; numpy and
 scalar agree; values and gradients at the edge points follow PyTorch's conventions (the expected
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import graph_ops as go
+from polygrad.sparse import graph_ops as go
 from polygrad.errors import DTypeError, ShapeError, SparseIndexError
 from polygrad.testing import assert_backends_agree, check_grads
 

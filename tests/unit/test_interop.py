@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import interop
+from polygrad.tensor import interop
 from polygrad.errors import BackendUnavailableError, DTypeError
 
 

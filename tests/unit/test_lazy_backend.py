@@ -6,9 +6,9 @@ import pytest
 
 import polygrad as pg
 from polygrad import nn, optim
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 from polygrad.testing.temporary import temporary_plugin
-from polygrad.train import fit
+from polygrad.apps.train import fit
 
 
 class Pending:

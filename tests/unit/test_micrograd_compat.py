@@ -143,7 +143,7 @@ def steps_of(text: str) -> list[tuple[float, str]]:
 
 
 def assert_same_output(ours: str, theirs: str) -> None:
-    """Same printed lines; numbers may differ in the last bits (see polygrad.value: micrograd sums a
+    """Same printed lines; numbers may differ in the last bits (see polygrad.engine.value: micrograd sums a
     node's gradient contributions in ``set`` order, which differs between two micrograd runs too)."""
     a, b = ours.splitlines(), theirs.splitlines()
     assert len(a) == len(b)

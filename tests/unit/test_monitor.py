@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.monitor import Monitor
-from polygrad.registry import registry
+from polygrad.runtime.monitor import Monitor
+from polygrad.runtime.registry import registry
 from polygrad.tensor import spmm
 from polygrad.testing import inject_fault
 from polygrad.testing.cases import sample_pattern
@@ -78,7 +78,7 @@ def test_steps_are_separate_and_stop_closes_the_open_step():
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_warns_on_non_finite_gradient(caplog):
     x = pg.tensor([0.0, 1.0], requires_grad=True)
-    with caplog.at_level(logging.WARNING, logger="polygrad.monitor"), pg.monitor() as m:
+    with caplog.at_level(logging.WARNING, logger="polygrad.runtime.monitor"), pg.monitor() as m:
         (x ** 0.5).sum().backward()          # d sqrt(x)/dx at 0 is inf
     assert "non-finite (NaN/Inf) gradient in 1 tensor" in caplog.text
     assert m.steps[0].warnings and not np.isfinite(m.steps[0].grad_norm)
@@ -86,7 +86,7 @@ def test_warns_on_non_finite_gradient(caplog):
 
 def test_warns_on_exploding_gradient_norm(caplog):
     x = pg.tensor(np.ones(3), requires_grad=True)
-    with caplog.at_level(logging.WARNING, logger="polygrad.monitor"), pg.monitor(explode_factor=10) as m:
+    with caplog.at_level(logging.WARNING, logger="polygrad.runtime.monitor"), pg.monitor(explode_factor=10) as m:
         for scale in (1.0, 1.2, 0.9, 1.1, 500.0):
             x.grad = None
             (x * scale).sum().backward()
@@ -97,7 +97,7 @@ def test_warns_on_exploding_gradient_norm(caplog):
 
 def test_warns_on_absolute_norm_limit_and_memory_budget(caplog):
     x = pg.tensor(np.ones(4), requires_grad=True)
-    with caplog.at_level(logging.WARNING, logger="polygrad.monitor"), \
+    with caplog.at_level(logging.WARNING, logger="polygrad.runtime.monitor"), \
             pg.monitor(max_grad_norm=1.0, memory_budget=1) as m:
         (x * 2).sum().backward()
         m.step()
@@ -137,7 +137,7 @@ def m_summary_empty() -> str:
 def test_monitor_report_on_cora_gcn():
     """Two-layer GCN (A relu(A X W1) W2) on Cora: per epoch, nnz ratio, gradient norm and memory."""
     from polygrad.data import load_planetoid, normalized_adjacency
-    from polygrad.pattern import Pattern
+    from polygrad.sparse.pattern import Pattern
 
     ds = load_planetoid(planetoid_dir(), "cora")
     adj = normalized_adjacency(ds.edge_index, ds.num_nodes, dtype=np.float32)

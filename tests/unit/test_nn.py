@@ -387,14 +387,14 @@ def test_gcnconv_sparse_features_equal_dense_features():
 
 
 def test_gcn_learns_the_synthetic_graph():
-    from polygrad.demos import load_graph, train_gcn
+    from polygrad.apps.demos import load_graph, train_gcn
     ds = load_graph(None)
     res = train_gcn(ds, seed=0, epochs=100)
     assert res["test_accuracy"] > 0.6  # chance is 0.25; features alone reach ~0.27
 
 
 def test_sparse_parameters_live_in_state_dicts_and_snapshots(tmp_path):
-    from polygrad.train import fit
+    from polygrad.apps.train import fit
 
     class EdgeWeights(nn.Module):
         def __init__(self):

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import polygrad as pg
 from polygrad.errors import SparseIndexError
-from polygrad.graph_ops import scatter
+from polygrad.sparse.graph_ops import scatter
 from polygrad.nn import global_add_pool, global_max_pool, global_mean_pool
 from polygrad.testing import check_grads
 

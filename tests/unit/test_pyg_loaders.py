@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from polygrad import data as pdata
-from polygrad.cli import main
+from polygrad.apps.cli import main
 from polygrad.data import Batch, Data, DataLoader, Graph, NeighborSampler
-from polygrad.data.preprocess import CSRMatrix
+from polygrad.data.csr import CSRMatrix
 from polygrad.errors import DataError
-from polygrad.gnn_demos import link_splits
+from polygrad.apps.gnn_demos import link_splits
 
 try:
     import torch

@@ -12,7 +12,7 @@ import polygrad as pg
 from polygrad.data import Data, HeteroData
 from polygrad.data import transforms as T
 from polygrad.data import utils as U
-from polygrad.data.preprocess import CSRMatrix
+from polygrad.data.csr import CSRMatrix
 from polygrad.errors import DataError
 
 try:  # PyG is optional: the comparisons below skip without it

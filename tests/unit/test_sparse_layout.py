@@ -1,12 +1,13 @@
 """The layout policy (choose_layout, layout="auto", automatic sparsification of a matmul operand and
-its cache), its event hook, and the memory budget (polygrad.memory)."""
+its cache), its event hook, and the memory budget (polygrad.runtime.memory)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad import memory, sparse
+from polygrad.runtime import memory
+from polygrad import sparse
 from polygrad.errors import MemoryBudgetError
 
 
@@ -55,8 +56,8 @@ def test_break_even_density_falls_with_feature_width():
 
 
 def test_a_kernel_may_declare_its_own_break_even(monkeypatch):
-    from polygrad.ops import Op
-    from polygrad.registry import registry
+    from polygrad.ir.ops import Op
+    from polygrad.runtime.registry import registry
     registry.load()
     table = registry.tables["numpy"]
     original = table[(Op.SPMM, "csr")]

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 import polygrad as pg
 from polygrad.errors import SparseIndexError
-from polygrad.pattern import Pattern
+from polygrad.sparse.pattern import Pattern
 
 
 def _graphs():

@@ -1,4 +1,4 @@
-"""polygrad.train.fit: the loop, the progress callback, and rollback to the last good checkpoint."""
+"""polygrad.apps.train.fit: the loop, the progress callback, and rollback to the last good checkpoint."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import pytest
 import polygrad as pg
 from polygrad import nn, optim
 from polygrad.errors import NonFiniteError
-from polygrad.train import fit
+from polygrad.apps.train import fit
 
 
 class Scalar(nn.Module):

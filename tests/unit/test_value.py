@@ -1,4 +1,4 @@
-"""Tests of polygrad.value: gradients vs central differences, micrograd parity, deep graphs,
+"""Tests of polygrad.engine.value: gradients vs central differences, micrograd parity, deep graphs,
 no reference cycles, backward_many, sum_of, IEEE edge cases."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polygrad.errors import DTypeError, ShapeError
-from polygrad.value import Value, backward_many
+from polygrad.engine.value import Value, backward_many
 
 
 requires_micrograd = pytest.mark.skipif(

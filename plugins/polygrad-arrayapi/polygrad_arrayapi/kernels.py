@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 #: ops whose kernels are not written with standard functions, and how they are supplied
 NONSTANDARD = {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import polygrad as pg
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 from polygrad.testing.conformance import run_conformance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

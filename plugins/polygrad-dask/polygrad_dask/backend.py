@@ -17,7 +17,7 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.errors import BackendError
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 from . import chunks, cluster, dense_kernels, sparse_kernels
 

@@ -14,7 +14,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 from . import chunks
 

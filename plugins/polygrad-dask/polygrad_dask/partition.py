@@ -8,7 +8,7 @@ ids and their positions in the block's values.  SpMM, its transpose, SDDMM and t
 reductions are then one small task per tile plus one per block, and only tiles' operands and
 results move between workers.
 
-Two ways in: :func:`partition_of` partitions a host :class:`polygrad.pattern.Pattern` (an
+Two ways in: :func:`partition_of` partitions a host :class:`polygrad.sparse.pattern.Pattern` (an
 in-memory graph) on first use and caches it; :class:`DistributedPattern` is a pattern whose
 blocks were built by the workers themselves (from edge shards: ``polygrad_dask.shards``), so the
 client never holds its index arrays.
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from polygrad.errors import BackendError
-from polygrad.pattern import Pattern
+from polygrad.sparse.pattern import Pattern
 
 from . import chunks, cluster
 

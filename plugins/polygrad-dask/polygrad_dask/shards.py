@@ -25,7 +25,7 @@ import dask.array as da
 import numpy as np
 
 import polygrad as pg
-from polygrad import memory
+from polygrad.runtime import memory
 from polygrad.errors import DataError, MemoryBudgetError
 from polygrad.sparse import SparseTensor
 from polygrad.tensor import sddmm

@@ -21,7 +21,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 from .partition import Partition, RowBlock, partition_of
 

@@ -30,7 +30,7 @@ from polygrad.errors import BackendError, BackendUnavailableError  # noqa: E402
 from polygrad.tensor import sddmm, segment_sum  # noqa: E402
 from polygrad.testing import check_grads  # noqa: E402
 from polygrad.testing.conformance import run_conformance  # noqa: E402
-from polygrad.train import fit  # noqa: E402
+from polygrad.apps.train import fit  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("cluster_client")
 #: seconds a connection to the test cluster may take before it is a failure
@@ -82,7 +82,7 @@ PLANETOID = find_planetoid_dir(REPO.parent / "shared" / "data" / "planetoid", RE
 
 def installed() -> bool:
     """Whether polygrad loaded polygrad-dask through its entry point (not registered by hand)."""
-    from polygrad.registry import registry
+    from polygrad.runtime.registry import registry
     registry.load()
     entry = registry.entries.get("dask")
     return entry is not None and entry.origin == "polygrad-dask" and entry.backend is not None
@@ -308,7 +308,7 @@ def test_failed_step_is_a_polygrad_error_and_leaves_parameters_intact():
 
 
 def test_cli_demo_joins_a_running_cluster_and_reports_the_backend(cluster_client, capsys):
-    from polygrad import cli
+    from polygrad.apps import cli
 
     address = cluster_client.scheduler.address
     assert cli.main(["demo", "gcn", "--backend", "dask", "--scheduler", address, "--epochs", "2",
@@ -322,7 +322,7 @@ def test_cli_demo_joins_a_running_cluster_and_reports_the_backend(cluster_client
 def test_compiled_step_runs_eagerly_on_dask_and_the_demo_says_so(cluster_client, capsys):
     """The backend opts out of replay (supports_replay = False): a pg.compile'd step warns once
     and keeps giving the eager numbers, and the gcn demo's record says it was not compiled."""
-    from polygrad import cli
+    from polygrad.apps import cli
 
     w = pg.tensor(np.linspace(-1.0, 1.0, 8).reshape(4, 2), requires_grad=True, backend="dask")
     x = pg.tensor(np.arange(12.0).reshape(3, 4), backend="dask")

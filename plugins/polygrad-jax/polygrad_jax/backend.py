@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 import polygrad as pg
-from polygrad.backend import KDLCPU
+from polygrad.runtime.backend import KDLCPU
 
 from .kernels import make_kernels
 

@@ -8,7 +8,7 @@ import jax
 
 import polygrad as pg
 from polygrad.compile import Kernel
-from polygrad.pattern import Pattern
+from polygrad.sparse.pattern import Pattern
 
 from .kernels import pattern_arrays
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 PATTERN_KEY = "jax"
 
@@ -104,7 +104,7 @@ def make_kernels() -> dict[tuple[Op, str], Callable]:
         Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: jnp.matmul,
     }
     table = {(op, "dense"): fn for op, fn in dense.items()}
-    table[(Op.SPMM, "csr")] = spmm          # "csr" serves "coo" too (polygrad.ops.kernel_key)
+    table[(Op.SPMM, "csr")] = spmm          # "csr" serves "coo" too (polygrad.ir.ops.kernel_key)
     table[(Op.SDDMM, "csr")] = sddmm
     table[(Op.SEGMENT_SUM, "csr")] = segment_sum
     table[(Op.SEGMENT_MAX, "csr")] = segment_max

@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 import polygrad as pg  # noqa: E402
 from polygrad import nn, optim  # noqa: E402
 from polygrad.compile.backend_compile import CompiledStep  # noqa: E402
-from polygrad.registry import registry  # noqa: E402
+from polygrad.runtime.registry import registry  # noqa: E402
 from polygrad.testing.conformance import run_conformance  # noqa: E402
 
 

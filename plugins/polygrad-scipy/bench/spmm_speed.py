@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import polygrad as pg  # noqa: E402
 import polygrad_scipy  # noqa: E402
-from polygrad.pattern import Pattern  # noqa: E402
-from polygrad.registry import registry  # noqa: E402
+from polygrad.sparse.pattern import Pattern  # noqa: E402
+from polygrad.runtime.registry import registry  # noqa: E402
 from polygrad.tensor import spmm  # noqa: E402
 from polygrad.testing.temporary import temporary_plugin  # noqa: E402
 

@@ -1,8 +1,8 @@
 """The ``scipy`` backend: numpy arrays, dense ops on numpy, sparse ops on scipy.sparse.
 
 A complete backend in one small module, written only against polygrad's public plugin API
-(``polygrad.Backend`` and the ``polygrad.ops.Op`` names).  Kernel signatures follow the
-convention in ``polygrad.backend``: ``kernel(*arrays, **attrs) -> array``.
+(``polygrad.Backend`` and the ``polygrad.ir.ops.Op`` names).  Kernel signatures follow the
+convention in ``polygrad.runtime.backend``: ``kernel(*arrays, **attrs) -> array``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 import polygrad as pg
-from polygrad.ops import Op
+from polygrad.ir.ops import Op
 
 from . import kernels
 

@@ -1,7 +1,7 @@
 """Sparse kernels on scipy.sparse, in polygrad's kernel calling convention.
 
 Every kernel receives the operands as numpy arrays and the sparsity pattern as the ``pattern``
-attribute (a ``polygrad.pattern.Pattern``: canonical CSR ``indptr``/``cols``, the ``rows`` of
+attribute (a ``polygrad.sparse.pattern.Pattern``: canonical CSR ``indptr``/``cols``, the ``rows`` of
 each nonzero, ``shape``, ``nnz``, a cached ``transpose()`` and a per-key cache ``on(key, fn)``).
 
 SpMM is where scipy wins: its compiled CSR x dense product (``csr_matvecs``) beats numpy's

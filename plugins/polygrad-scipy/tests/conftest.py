@@ -17,7 +17,7 @@ except ImportError:  # running from the source tree, not installed
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import polygrad_scipy  # noqa: F401
 
-from polygrad.registry import registry
+from polygrad.runtime.registry import registry
 from polygrad.testing.temporary import temporary_plugin
 
 

@@ -9,8 +9,8 @@ from conftest import installed
 
 import polygrad as pg
 from polygrad.errors import ShapeError
-from polygrad.pattern import Pattern
-from polygrad.registry import registry
+from polygrad.sparse.pattern import Pattern
+from polygrad.runtime.registry import registry
 from polygrad.tensor import spmm
 from polygrad.testing import check_grads
 from polygrad.testing.conformance import run_conformance

@@ -1,0 +1,225 @@
+"""``fit``: a small full-batch training loop with rollback to the last good checkpoint.
+
+Each epoch computes the loss, and if it rose more than ``rollback_threshold`` (default 5%) above
+the loss of the last good checkpoint -- or is NaN/Inf -- the model and optimizer are restored to
+that checkpoint and the learning rate is multiplied by ``lr_decay`` instead of taking the step.
+Otherwise the loss is backpropagated and the optimizer steps.  A checkpoint is "good" when its
+loss is no higher than the previous good one's; it is kept in memory and, with
+``checkpoint_path``, also written to disk atomically with :func:`polygrad.save`.
+
+Rollback compares losses between epochs, so it suits deterministic (full-batch, no dropout)
+objectives; with dropout or mini-batches the loss is noisy and ``rollback_threshold=None``
+(rollback off) or a larger threshold is the right choice.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import polygrad as pg
+from polygrad.runtime.backend import shares_arrays
+from polygrad.compile import Compiled
+from polygrad.ir.errors import NonFiniteError
+
+from ..nn.module import Module
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor, is_sparse
+
+__all__ = ["fit", "EpochRecord", "History"]
+
+
+@dataclass
+class EpochRecord:
+    """What one epoch did (passed to the progress callback)."""
+    epoch: int                 # 0-based
+    epochs: int                # total requested
+    loss: float                # the loss computed this epoch (before the step)
+    lr: float                  # learning rate of the first group used for this epoch's step
+    rolled_back: bool          # the step was replaced by a rollback
+    seconds: float             # wall time of the epoch
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class History:
+    records: list[EpochRecord] = field(default_factory=list)
+    rollbacks: int = 0
+    best_loss: float = math.inf
+    best_epoch: int = -1
+    stopped_early: bool = False
+    stop_reason: str = ""
+    #: epochs whose step ran as a pg.compile replay (0 with compile=False, or when every capture was
+    #: refused, e.g. on a backend that opts out of replay; always 0 in the default mode, which runs
+    #: the step's Python every epoch)
+    replays: int = 0
+    #: how the step ran: "eager" (compile=False), "default" (pg.compile) or "pure" (pure=True)
+    compile_mode: str = "eager"
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.loss for r in self.records]
+
+    @property
+    def epoch_seconds(self) -> list[float]:
+        return [r.seconds for r in self.records]
+
+
+@dataclass
+class _Snapshot:
+    epoch: int
+    loss: float
+    model: dict[str, Tensor]
+    optimizer: dict[str, Any]
+
+
+def _copy_tensor(t: Tensor) -> Tensor:
+    # a private copy: the snapshot must not change if someone writes into the live storage
+    if is_sparse(t):
+        return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
+    if shares_arrays(t._be):  # immutable (or lazy) arrays: sharing one is a copy, no host trip
+        return t.detach()
+    return pg.tensor(t.numpy().copy(), backend=t.backend)
+
+
+def _snapshot(epoch: int, loss: float, model: Module, optimizer: Optimizer) -> _Snapshot:
+    params = {k: _copy_tensor(v) for k, v in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    opt["state"] = {k: {n: _copy_tensor(v) if isinstance(v, Tensor) else v for n, v in st.items()}
+                    for k, st in opt["state"].items()}
+    return _Snapshot(epoch, loss, params, opt)
+
+
+def _split(out: Any) -> tuple[Tensor, dict[str, Any]]:
+    if isinstance(out, tuple):
+        if len(out) != 2 or not isinstance(out[1], dict):
+            raise TypeError("fit: loss_fn must return a scalar tensor or (loss, metrics_dict)")
+        return out[0], out[1]
+    return out, {}
+
+
+def _check_loss(loss: Any) -> None:
+    if not isinstance(loss, Tensor) or loss.numel != 1:
+        raise TypeError(f"fit: loss_fn must return a single-element tensor, got "
+                        f"{getattr(loss, 'shape', type(loss).__name__)}")
+
+
+def _compile_mode(compile: bool | str) -> str:
+    if compile is False:
+        return "eager"
+    if compile is True or compile == "default":
+        return "default"
+    if compile == "pure":
+        return "pure"
+    raise ValueError(f"fit: compile must be False, True, 'default' or 'pure', got {compile!r}")
+
+
+def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], pure: bool) -> Compiled:
+    """zero_grad + loss_fn + backward as one compiled step (``pg.compile``); the optimizer steps
+    outside it, after the rollback decision, exactly as in the eager loop."""
+    def forward_backward() -> tuple[Tensor, dict[str, Any]]:
+        optimizer.zero_grad()
+        loss, metrics = _split(loss_fn())
+        _check_loss(loss)
+        loss.backward()
+        return loss, metrics
+
+    return pg.compile(forward_backward, modules=[model], pure=pure)
+
+
+def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs: int, *,
+        rollback_threshold: float | None = 0.05, lr_decay: float = 0.5, max_rollbacks: int = 10,
+        checkpoint_every: int = 1, checkpoint_path: Any = None,
+        callback: Callable[[EpochRecord], Any] | None = None, compile: bool | str = False) -> History:
+    """Train ``model`` for ``epochs`` full-batch steps of ``optimizer`` on ``loss_fn()``.
+
+    ``loss_fn()`` returns the scalar loss tensor, or ``(loss, metrics)`` with a dict of extra
+    figures (accuracy...) that end up in each :class:`EpochRecord`.  ``callback(record)`` is
+    called after every epoch (progress bars, logging); returning ``True`` stops training.
+
+    Rollback: see the module docstring.  ``rollback_threshold=None`` turns it off.  After
+    ``max_rollbacks`` rollbacks training stops (``History.stop_reason`` says why).  A NaN/Inf
+    loss before any good checkpoint exists raises :class:`~polygrad.errors.NonFiniteError`.
+
+    ``compile=True`` (or ``"default"``) runs zero_grad, ``loss_fn()`` and backward as one
+    :func:`polygrad.compile` step in its default mode (``loss_fn``'s Python runs every epoch, so
+    any ``loss_fn`` gives eager's numbers).  ``compile="pure"`` compiles it with ``pure=True``:
+    replayed kernels after the first epochs, for a ``loss_fn`` whose Python does nothing but
+    issue ops (see the README's pg.compile section); its metrics must be tensors, since
+    ``loss_fn`` is not re-run on replay.  Either way the backward runs before the rollback
+    decision, whose rolled-back epochs discard the gradients.  ``History.compile_mode`` says
+    which mode ran.
+    """
+    if epochs < 0:
+        raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
+    if rollback_threshold is not None and not rollback_threshold >= 0:
+        raise ValueError(f"fit: rollback_threshold must be >= 0 or None, got {rollback_threshold}")
+    if not 0 < lr_decay <= 1:
+        raise ValueError(f"fit: lr_decay must be in (0, 1], got {lr_decay}")
+    if checkpoint_every < 1:
+        raise ValueError(f"fit: checkpoint_every must be >= 1, got {checkpoint_every}")
+
+    mode = _compile_mode(compile)
+    history = History(compile_mode=mode)
+    step = None if mode == "eager" else _compiled_step(model, optimizer, loss_fn, mode == "pure")
+    good: _Snapshot | None = None
+    model.train()
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        if step is not None:
+            loss, metrics = step()  # zero_grad + forward + backward, compiled
+            backward_done = True
+        else:
+            loss, metrics = _split(loss_fn())
+            _check_loss(loss)
+            backward_done = False
+        if loss._be.lazy:
+            # a lazy backend computes what is read: run backward first, so the loss and the
+            # gradients are materialised together and the forward pass runs once, not twice
+            if not backward_done:
+                optimizer.zero_grad()
+                loss.backward()
+                backward_done = True
+            pg.materialize(loss, *(p.grad for p in optimizer._params()))
+        value = float(loss.item())
+        lr = optimizer.current_lr()
+        rise_too_big = (good is not None and rollback_threshold is not None
+                        and value - good.loss > rollback_threshold * abs(good.loss) and value - good.loss > 1e-12)
+        if not math.isfinite(value) and good is None:
+            raise NonFiniteError(f"fit: the loss is {value} at epoch {epoch}, before any good checkpoint")
+        if good is not None and (not math.isfinite(value) or rise_too_big):
+            if history.rollbacks >= max_rollbacks:
+                history.stopped_early = True
+                history.stop_reason = f"{max_rollbacks} rollbacks; the loss keeps rising (last {value:.4g})"
+                history.records.append(EpochRecord(epoch, epochs, value, lr, False,
+                                                   time.perf_counter() - t0, metrics))
+                break
+            base_lrs = [g["lr"] for g in optimizer.param_groups]
+            model.load_state_dict(good.model)
+            optimizer.load_state_dict(good.optimizer)
+            for g, base in zip(optimizer.param_groups, base_lrs):
+                g["lr"] = base * lr_decay
+            history.rollbacks += 1
+            record = EpochRecord(epoch, epochs, value, lr, True, time.perf_counter() - t0, metrics)
+        else:
+            if good is None or (value <= good.loss and epoch - good.epoch >= checkpoint_every):
+                good = _snapshot(epoch, value, model, optimizer)
+                if checkpoint_path is not None:
+                    pg.save({"model": good.model, "optimizer": good.optimizer, "epoch": epoch,
+                             "loss": value}, checkpoint_path)
+            if value < history.best_loss:
+                history.best_loss, history.best_epoch = value, epoch
+            if not backward_done:
+                optimizer.zero_grad()
+                loss.backward()
+            optimizer.step()
+            record = EpochRecord(epoch, epochs, value, lr, False, time.perf_counter() - t0, metrics)
+        history.records.append(record)
+        if callback is not None and callback(record) is True:
+            history.stopped_early = True
+            history.stop_reason = f"callback stopped training after epoch {epoch}"
+            break
+    if step is not None:
+        history.replays = step.stats["replays"]
+    return history

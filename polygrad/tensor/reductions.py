@@ -1,0 +1,105 @@
+"""Reductions (sum, mean, max, min, argmax, argmin) and the softmax family (logsumexp, softmax,
+log_softmax), composed from primitives."""
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from ..engine.dispatch import apply
+from ..ir.dtypes import int64
+from ..ir.errors import ShapeError
+from ..engine.inference import normalize_axes
+from ..ir.ops import Op
+from .torch_names import accept_torch_names
+
+from .args import Tensor, _dim_arg, _floating
+from .sparse_routing import _sparse, is_sparse
+from .movement import squeeze
+from .creation import tensor
+from .elementwise import where
+
+
+# -- reductions ---------------------------------------------------------------------------------------
+
+def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    if is_sparse(x):
+        return _sparse("sum")(x, axis, keepdims)
+    return apply(Op.SUM, (x,), {"axes": normalize_axes(Op.SUM, axis, x.ndim), "keepdims": keepdims})
+
+
+def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    axes = normalize_axes(Op.SUM, axis, x.ndim)
+    count = math.prod(x.shape[a] for a in axes)
+    return sum(_floating(x), axes, keepdims) * (1.0 / count if count else math.nan)
+
+
+def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The maximum over ``axis`` (all axes by default).  ``max(dim=1)`` gives the values only -- numpy's
+    ``amax``, PyTorch's ``torch.amax`` -- not PyTorch's ``(values, indices)``: use ``argmax`` for those."""
+    return apply(Op.MAX, (x,), {"axes": normalize_axes(Op.MAX, axis, x.ndim), "keepdims": keepdims})
+
+
+def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The minimum over ``axis``; like :func:`max`, the values only (``argmin`` gives the indices)."""
+    if x.dtype.kind in "ub":  # negation would wrap (unsigned) or is undefined (bool)
+        return (-max(-x.cast(int64), axis, keepdims)).cast(x.dtype)
+    return -max(-x, axis, keepdims)
+
+
+def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the maximum (no gradient); computed on the host.  Ties: the first index."""
+    return _arg_extreme("argmax", np.argmax, x, axis, keepdims)
+
+
+def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the minimum (no gradient); computed on the host.  Ties: the first index."""
+    return _arg_extreme("argmin", np.argmin, x, axis, keepdims)
+
+
+def _arg_extreme(name: str, np_fn, x: Tensor, axis, keepdims: bool) -> Tensor:
+    if axis is not None:
+        axis = _dim_arg(name, axis, builtins.max(x.ndim, 1))
+    if x.numel == 0 or (axis is not None and x.ndim and x.shape[axis] == 0):
+        raise ShapeError(f"{name}: reduction over an empty axis of shape {x.shape} has no identity")
+    arr = x.numpy()
+    out = np_fn(arr, axis=axis, keepdims=bool(keepdims)) if x.ndim else np_fn(arr)
+    return tensor(out, dtype=int64, backend=x._be)
+
+
+def _shift(x: Tensor, axis) -> Tensor:
+    """The max along ``axis`` (kept), detached, with non-finite maxima replaced by 0: subtracting
+    it keeps exp() in range, and a row of -inf (or one +inf) must not turn into inf - inf = nan.
+    The results below are shift-invariant, so no gradient needs to flow through it."""
+    m = max(x, axis, keepdims=True).detach()
+    return where(m.abs() < math.inf, m, 0.0)
+
+
+def logsumexp(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    m = _shift(x, axis)
+    out = sum((x - m).exp(), axis, keepdims=True).log() + m
+    return out if keepdims else squeeze(out, normalize_axes(Op.SUM, axis, x.ndim))
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    e = (x - _shift(x, axis)).exp()
+    return e / sum(e, axis, keepdims=True)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    shifted = x - _shift(x, axis)
+    return shifted - sum(shifted.exp(), axis, keepdims=True).log()
+
+
+# dim=/keepdim= wherever axis=/keepdims= are taken (see polygrad.tensor.torch_names); wrapped here,
+# once, so each op keeps one signature in numpy's names.
+sum = accept_torch_names(sum)  # noqa: A001
+mean = accept_torch_names(mean)
+max = accept_torch_names(max)  # noqa: A001
+min = accept_torch_names(min)  # noqa: A001
+argmax = accept_torch_names(argmax)
+argmin = accept_torch_names(argmin)
+logsumexp = accept_torch_names(logsumexp)
+softmax = accept_torch_names(softmax)
+log_softmax = accept_torch_names(log_softmax)
