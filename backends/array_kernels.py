@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polygrad.ir.ops import Op
+from polygrad.runtime.backend import elementwise_kernels
 
 from . import parallel
 
@@ -246,11 +247,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
         return out
 
     k: dict[Op, Callable] = {
-        Op.NEG: xp.negative, Op.EXP: xp.exp, Op.LOG: xp.log, Op.RELU: relu, Op.TANH: xp.tanh,
-        Op.RECIPROCAL: xp.reciprocal, Op.CAST: cast,
-        Op.ADD: xp.add, Op.MUL: xp.multiply, Op.POW: xp.power, Op.MAXIMUM: xp.maximum,
-        Op.LT: xp.less, Op.LE: xp.less_equal, Op.GT: xp.greater, Op.GE: xp.greater_equal,
-        Op.EQ: xp.equal, Op.NE: xp.not_equal, Op.WHERE: xp.where,
+        **elementwise_kernels(xp), Op.RELU: relu, Op.CAST: cast,
         Op.SUM: reduce_sum, Op.MAX: reduce_max,
         Op.RESHAPE: reshape, Op.PERMUTE: permute, Op.EXPAND: expand, Op.GETITEM: getitem,
         Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: xp.matmul,

@@ -329,12 +329,6 @@ class CupyBackend(pg.Backend):
                 return False
         return isinstance(array, self._mods.cupy.ndarray)  # type: ignore[union-attr]
 
-    def shape(self, array: Any) -> tuple[int, ...]:
-        return tuple(array.shape)
-
-    def dtype(self, array: Any) -> np.dtype:
-        return np.dtype(array.dtype)
-
     def from_dlpack(self, obj: Any) -> Any:
         return self.modules().cupy.from_dlpack(obj)  # zero-copy on the device
 

@@ -18,7 +18,7 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.runtime.pool import HOST_POOL
-from polygrad.runtime.backend import HOST_DLPACK_DEVICES
+from polygrad.runtime.backend import HOST_DLPACK_DEVICES, elementwise_kernels
 from polygrad.ir.ops import Op
 from polygrad.runtime.threads import run_blocks
 
@@ -262,9 +262,8 @@ def expand(x, *, shape):
     return out
 
 
-#: elementwise ops whose kernel is a plain ufunc in the shared table
-POOLED_UFUNCS = (Op.NEG, Op.EXP, Op.LOG, Op.TANH, Op.RECIPROCAL, Op.ADD, Op.MUL, Op.POW, Op.MAXIMUM,
-                 Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE)
+#: elementwise ops whose kernel is a plain ufunc in the shared table (their outputs can come from the pool)
+POOLED_UFUNCS = tuple(op for op, fn in elementwise_kernels(np).items() if isinstance(fn, np.ufunc))
 
 
 class NumpyBackend(pg.Backend):

@@ -1,9 +1,10 @@
 """The primitive ops: a small closed set.  Everything else (sub, div, sigmoid, softmax, losses,
 sparse row scaling, ...) is a composite of these, so it gets its gradient for free.
 
-Each primitive has exactly three definitions elsewhere, keyed by this enum:
-``inference.py`` (shape/dtype inference + validation), ``grad_rules.py`` (its VJP, written in
-polygrad ops) and ``reference.py`` (its scalar reference over :class:`polygrad.Value`).
+Each primitive is declared here once, with its groups; the engine defines its VJP once
+(``engine/grad_rules.py``), its scalar meaning once (a ``Value`` method, which ``engine/reference.py``
+uses by name), and its shape rule derives from its group (``engine/inference.py``).  The README's
+"Adding a primitive op" lists every place; ``tests/unit/test_architecture.py`` names any one missed.
 """
 from __future__ import annotations
 
@@ -80,6 +81,23 @@ SPARSE = _group("sparse")
 NON_DIFFERENTIABLE = _group("no_grad")
 _GROUPS = {"unary", "float_unary", "binary", "compare", "ternary", "reduce", "movement", "sparse", "no_grad"}
 assert all(op.groups <= _GROUPS for op in Op), "an Op names a group that does not exist"
+
+
+# The array-namespace function (numpy, cupy, dask.array, jax.numpy, the array API standard) that
+# computes an elementwise primitive, where its name is not the op's own (the first a namespace has
+# wins).  polygrad.runtime.backend.elementwise_kernels(xp) builds the table every backend starts
+# from, so a new elementwise op named like its array function needs no kernel anywhere.
+_ARRAY_FUNCTION_NAMES: dict[Op, tuple[str, ...]] = {
+    Op.NEG: ("negative",), Op.MUL: ("multiply",), Op.POW: ("power", "pow"), Op.LT: ("less",),
+    Op.LE: ("less_equal",), Op.GT: ("greater",), Op.GE: ("greater_equal",), Op.EQ: ("equal",),
+    Op.NE: ("not_equal",),
+}
+
+
+def array_function_names(op: Op) -> tuple[str, ...]:
+    """The names an array namespace may give the function that computes ``op`` (its own name, or
+    numpy's spelling of it: ``neg`` is ``negative``)."""
+    return _ARRAY_FUNCTION_NAMES.get(op, (op.value,))
 
 
 def kernel_key(op: Op, layout: str) -> tuple[Op, str]:

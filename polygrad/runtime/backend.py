@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..ir.errors import BackendError
+from ..ir.ops import ELEMENTWISE, Op, array_function_names
 
 Kernel = Callable[..., Any]
 
@@ -245,3 +246,20 @@ def contract_problem(backend: Backend) -> str:
             if not check(result):
                 return f"{name}: {method}() returned {_kind(result)}; it must return {want}"
     return ""
+
+
+def elementwise_kernels(xp: Any) -> dict[Op, Callable[..., Any]]:
+    """The kernels of every elementwise primitive that the array namespace ``xp`` (numpy, cupy,
+    dask.array, jax.numpy, an array-API namespace) computes with one of its own functions:
+    ``{Op.EXP: xp.exp, Op.NEG: xp.negative, Op.LT: xp.less, ...}``.
+
+    The one elementwise table: the built-in backends, the plugins and the backend guide start from
+    it and add what a namespace lacks (``relu``, ``cast``) or computes differently, so a new
+    elementwise op named like its array function reaches every backend without an edit.  A
+    backend's kernels receive and return its own arrays, which is what these functions do."""
+    table: dict[Op, Callable[..., Any]] = {}
+    for op in sorted(ELEMENTWISE, key=str):
+        fn = next((getattr(xp, name) for name in array_function_names(op) if hasattr(xp, name)), None)
+        if fn is not None:
+            table[op] = fn
+    return table

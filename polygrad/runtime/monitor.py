@@ -36,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir.ops import SPARSE
 from .config import config
 from .hookspecs import hookimpl
 from .registry import registry
@@ -43,7 +44,7 @@ from .registry import registry
 log = logging.getLogger("polygrad.runtime.monitor")
 
 _MIB = 1 << 20
-_SPARSE_OPS = ("spmm", "sddmm", "segment_sum", "segment_max")
+_SPARSE_OPS = frozenset(op.value for op in SPARSE)
 
 
 def _rss() -> int | None:

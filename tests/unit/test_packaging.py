@@ -89,14 +89,16 @@ def test_a_second_checkout_is_used_whole_or_not_at_all(tmp_path):
     shutil.copytree(ROOT / "backends", other / "backends", ignore=ignore)
     proc = _python("import polygrad as pg, polygrad.backends.numpy as n; "
                    "print(pg.__file__); print(n.__file__); "
-                   "import sys; print(sys.modules[type(pg.runtime.registry.resolve('numpy')).__module__].__file__)", other)
+                   "import sys; "
+                   "print(sys.modules[type(pg.runtime.registry.resolve('numpy')).__module__].__file__)", other)
     assert proc.returncode == 0, proc.stderr
     for path in proc.stdout.split():
         assert Path(path).resolve().is_relative_to(other.resolve()), (path, proc.stdout)
 
 
 def test_backends_cannot_load_twice_from_the_repository_root():
-    proc = _python("import polygrad as pg, sys; pg.runtime.registry.resolve('numpy'); pg.runtime.registry.resolve('scalar')\n"
+    proc = _python("import polygrad as pg, sys; pg.runtime.registry.resolve('numpy'); "
+                   "pg.runtime.registry.resolve('scalar')\n"
                    "assert not [m for m in sys.modules if m == 'backends' or m.startswith('backends.')]\n"
                    "try:\n    import backends.numpy\nexcept ImportError as e:\n    print('refused:', e)\n", ROOT)
     assert proc.returncode == 0, proc.stderr

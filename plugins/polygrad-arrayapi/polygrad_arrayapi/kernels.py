@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polygrad.ir.ops import Op
+from polygrad.ir.ops import BINARY, COMPARE, Op
+from polygrad.runtime.backend import elementwise_kernels
 
 #: ops whose kernels are not written with standard functions, and how they are supplied
 NONSTANDARD = {
@@ -119,13 +120,12 @@ def make_kernels(xp: Any, to_numpy: Callable[[Any], np.ndarray], from_numpy: Cal
         prod = xp.take(p, rows, axis=0) * xp.take(q, cols, axis=0)
         return xp.sum(prod, axis=1, dtype=prod.dtype)
 
+    # the standard does not promote across array kinds the way polygrad's scalar operands need:
+    # every operand of an op with several goes through promoting()
+    shared = elementwise_kernels(xp)
     dense: dict[Op, Callable] = {
-        Op.NEG: xp.negative, Op.EXP: xp.exp, Op.LOG: xp.log, Op.RELU: relu, Op.TANH: xp.tanh,
-        Op.RECIPROCAL: reciprocal, Op.CAST: cast,
-        Op.ADD: promoting(xp.add), Op.MUL: promoting(xp.multiply), Op.POW: promoting(xp.pow),
-        Op.MAXIMUM: promoting(xp.maximum), Op.LT: promoting(xp.less), Op.LE: promoting(xp.less_equal),
-        Op.GT: promoting(xp.greater), Op.GE: promoting(xp.greater_equal), Op.EQ: promoting(xp.equal),
-        Op.NE: promoting(xp.not_equal), Op.WHERE: promoting(xp.where, first=1),
+        **{op: promoting(fn) if op in BINARY | COMPARE else fn for op, fn in shared.items()},
+        Op.RELU: relu, Op.RECIPROCAL: reciprocal, Op.CAST: cast, Op.WHERE: promoting(xp.where, first=1),
         Op.SUM: reduce_sum, Op.MAX: reduce_max,
         Op.RESHAPE: reshape, Op.PERMUTE: permute, Op.EXPAND: expand, Op.GETITEM: getitem,
         Op.INDEX_ADD: index_add, Op.CONCAT: promoting(concat), Op.MATMUL: promoting(xp.matmul),

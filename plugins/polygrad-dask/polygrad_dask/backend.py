@@ -110,12 +110,6 @@ class DaskBackend(pg.Backend):
     def owns(self, array: Any) -> bool:
         return isinstance(array, da.Array)
 
-    def shape(self, array: Any) -> tuple[int, ...]:
-        return tuple(array.shape)
-
-    def dtype(self, array: Any) -> np.dtype:
-        return np.dtype(array.dtype)
-
     def materialize(self, arrays: list) -> list:
         """Persist ``arrays`` on the workers in one graph (shared work computed once), wait for
         them, and replicate the small ones on a second worker (parameters and optimizer state

@@ -15,6 +15,7 @@ import dask.array as da
 import numpy as np
 
 from polygrad.ir.ops import Op
+from polygrad.runtime.backend import elementwise_kernels
 
 from . import chunks
 
@@ -136,11 +137,7 @@ def concat(*arrays: da.Array, axis: int) -> da.Array:
 
 
 KERNELS: dict[Op, Any] = {
-    Op.NEG: da.negative, Op.EXP: da.exp, Op.LOG: da.log, Op.RELU: relu, Op.TANH: da.tanh,
-    Op.RECIPROCAL: da.reciprocal, Op.CAST: cast,
-    Op.ADD: da.add, Op.MUL: da.multiply, Op.POW: da.power, Op.MAXIMUM: da.maximum,
-    Op.LT: da.less, Op.LE: da.less_equal, Op.GT: da.greater, Op.GE: da.greater_equal,
-    Op.EQ: da.equal, Op.NE: da.not_equal, Op.WHERE: da.where,
+    **elementwise_kernels(da), Op.RELU: relu, Op.CAST: cast,
     Op.SUM: reduce_sum, Op.MAX: reduce_max,
     Op.RESHAPE: reshape, Op.PERMUTE: permute, Op.EXPAND: expand, Op.GETITEM: getitem,
     Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: da.matmul,

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from polygrad.ir.ops import Op
+from polygrad.runtime.backend import elementwise_kernels
 
 PATTERN_KEY = "jax"
 
@@ -94,11 +95,7 @@ def sddmm(p, q, *, pattern):
 
 def make_kernels() -> dict[tuple[Op, str], Callable]:
     dense: dict[Op, Callable] = {
-        Op.NEG: jnp.negative, Op.EXP: jnp.exp, Op.LOG: jnp.log, Op.RELU: relu, Op.TANH: jnp.tanh,
-        Op.RECIPROCAL: jnp.reciprocal, Op.CAST: cast,
-        Op.ADD: jnp.add, Op.MUL: jnp.multiply, Op.POW: jnp.power, Op.MAXIMUM: jnp.maximum,
-        Op.LT: jnp.less, Op.LE: jnp.less_equal, Op.GT: jnp.greater, Op.GE: jnp.greater_equal,
-        Op.EQ: jnp.equal, Op.NE: jnp.not_equal, Op.WHERE: jnp.where,
+        **elementwise_kernels(jnp), Op.RELU: relu, Op.CAST: cast,
         Op.SUM: reduce_sum, Op.MAX: reduce_max,
         Op.RESHAPE: reshape, Op.PERMUTE: permute, Op.EXPAND: expand, Op.GETITEM: getitem,
         Op.INDEX_ADD: index_add, Op.CONCAT: concat, Op.MATMUL: jnp.matmul,

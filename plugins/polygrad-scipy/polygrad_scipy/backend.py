@@ -12,6 +12,7 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.ir.ops import Op
+from polygrad.runtime.backend import elementwise_kernels
 
 from . import kernels
 
@@ -29,12 +30,9 @@ def _index_add(src: np.ndarray, *, index: tuple, shape: tuple) -> np.ndarray:
 
 
 DENSE: dict[Op, Any] = {
-    Op.NEG: np.negative, Op.EXP: np.exp, Op.LOG: np.log, Op.TANH: np.tanh, Op.RECIPROCAL: np.reciprocal,
+    **elementwise_kernels(np),  # neg, exp, log, tanh, add, mul, pow, maximum, the comparisons, where, ...
     Op.RELU: lambda x: np.maximum(x, x.dtype.type(0)),
     Op.CAST: lambda x, *, dtype: x.astype(dtype),
-    Op.ADD: np.add, Op.MUL: np.multiply, Op.POW: np.power, Op.MAXIMUM: np.maximum,
-    Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater, Op.GE: np.greater_equal,
-    Op.EQ: np.equal, Op.NE: np.not_equal, Op.WHERE: np.where,
     Op.SUM: _reduce(np.sum), Op.MAX: _reduce(np.max),
     Op.RESHAPE: lambda x, *, shape: np.reshape(x, shape),
     Op.PERMUTE: lambda x, *, perm: np.transpose(x, perm),
