@@ -1,4 +1,4 @@
-"""The Planetoid citation graphs (Cora, CiteSeer, PubMed), read without scipy or torch.
+"""The Planetoid citation graphs (Cora, CiteSeer, PubMed), read without torch, through a restricted unpickler.
 
 The files are the original Planetoid ones (``ind.<name>.x``, ``tx``, ``allx``, ``y``, ``ty``,
 ``ally``, ``graph``, ``test.index``; Yang, Cohen & Salakhutdinov, ICML 2016).  All but
@@ -6,7 +6,7 @@ The files are the original Planetoid ones (``ind.<name>.x``, ``tx``, ``allx``, `
 never calls ``pickle.load``: it uses :class:`RestrictedUnpickler`, which admits only the handful
 of globals these files reference (numpy's array reconstruction, ``collections.defaultdict``,
 harmless builtins) and maps scipy's ``csr_matrix`` class to a local stand-in that merely
-captures the pickled state, so scipy is neither needed nor imported.  Any other global is
+captures the pickled state (scipy's own class is never loaded from a file).  Any other global is
 refused with :class:`polygrad.errors.DataError` *before* it is looked up, so nothing a hostile
 file asks for runs.
 

@@ -64,6 +64,9 @@ class Node:
         self.inputs = None
         self.scalar = None
 
+    def __repr__(self) -> str:  # in error messages and debuggers: which op, and whether backward freed it
+        return f"Node({self.op}, layout={self.layout!r}, freed={self.inputs is None})"
+
 
 #: ``(op, needs) -> which inputs' data the op's gradient reads`` (None: all of them), and the ops
 #: whose gradient reads their own output: set by ``polygrad.engine.grad_rules``, which owns the rules.
@@ -109,9 +112,6 @@ def stand_in(t: Any) -> Any:
     s._node = t._node
     s.name = t.name
     return s
-
-    def __repr__(self) -> str:
-        return f"Node({self.op}, layout={self.layout!r}, freed={self.inputs is None})"
 
 
 def toposort(roots: "list[Tensor]") -> "list[Tensor]":

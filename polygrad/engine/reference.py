@@ -43,12 +43,17 @@ def _val(x):
 
 
 def _float_unary(op: Op) -> Callable:
-    """A floating unary op's scalar meaning, by its name: ``Value.<name>`` on Values and
-    ``scalar_math.<name>`` (IEEE results) on plain numbers -- so a new one needs no entry here."""
-    on_value, on_number = getattr(Value, op.value), getattr(sm, op.value)
+    """A floating unary op's scalar meaning, by its name: ``Value.<name>`` on Values, and on plain
+    numbers ``scalar_math.<name>`` where that module gives the op IEEE results Python's math lacks
+    (exp overflow, log(0)), else the same Value method on a throwaway Value -- so a new op needs
+    no entry here, nor in scalar_math unless Python's math raises where numpy does not."""
+    name = op.value
 
-    def f(x):
-        return on_value(x) if isinstance(x, Value) else on_number(x)
+    def f(x):  # looked up when called: a new op's Value method never breaks `import polygrad`
+        if isinstance(x, Value):
+            return getattr(x, name)()
+        on_number = getattr(sm, name, None)
+        return on_number(x) if on_number is not None else getattr(Value(x), name)().data
     return f
 
 

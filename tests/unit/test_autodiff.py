@@ -206,3 +206,11 @@ def test_pg_grad_wrt_an_intermediate_leaves_the_rest_of_the_graph_intact():
     assert gh.tolist() == [1.0, 1.0] and x.grad is None
     (h * 2).sum().backward()  # the exp node below h was neither run nor freed
     np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp([1.0, 2.0]))
+
+
+def test_a_node_says_its_op_and_whether_backward_freed_it():
+    x = pg.tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    assert repr(y._node) == "Node(sum, layout='dense', freed=False)"
+    y.backward()
+    assert repr(y._node) == "Node(sum, layout='dense', freed=True)"
