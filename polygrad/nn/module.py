@@ -13,6 +13,7 @@ This keeps micrograd's feel -- a model is a plain Python object with tensors on 
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -25,7 +26,18 @@ from polygrad.tensor import Tensor
 
 from .utils import move_tensor
 
-__all__ = ["Module"]
+__all__ = ["Module", "forward_memo"]
+
+#: the memo of the outermost module call running in this context (None outside any)
+_forward_memo: ContextVar[dict | None] = ContextVar("polygrad_forward_memo", default=None)
+
+
+def forward_memo() -> dict | None:
+    """A dict that lives for the outermost :class:`Module` call running now, shared by every
+    module it calls (None outside a module call): what the layers of one forward pass derive
+    from the same input once -- the graph layers' structure (:mod:`polygrad.nn.graph_cache`).
+    Context-local, so threads and tasks running models at the same time each have their own."""
+    return _forward_memo.get()
 
 
 def _is_parameter(value: Any) -> bool:
@@ -70,7 +82,13 @@ class Module:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         note_module(self)  # a pg.compile capture guards the train/eval mode of every module that ran
-        return self.forward(*args, **kwargs)
+        if _forward_memo.get() is not None:
+            return self.forward(*args, **kwargs)
+        token = _forward_memo.set({})  # the outermost call: its sub-modules share one memo
+        try:
+            return self.forward(*args, **kwargs)
+        finally:
+            _forward_memo.reset(token)
 
     # -- discovery ----------------------------------------------------------------------------------
     def _items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
