@@ -58,6 +58,26 @@ def _children(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
                 yield f"{prefix}.{key}", item
 
 
+def _collect_parameters(module: "Module", out: list, seen: set) -> None:
+    """Append ``module``'s parameters to ``out`` in :meth:`Module._items` order (depth first, the
+    same children :func:`_children` finds), each tensor once (``seen``: ids)."""
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, (list, tuple)):
+            items: Any = value
+        elif isinstance(value, dict):
+            items = [item for key, item in value.items() if isinstance(key, str)]
+        else:
+            items = (value,)
+        for item in items:
+            if isinstance(item, Module):
+                _collect_parameters(item, out, seen)
+            elif _is_parameter(item) and id(item) not in seen:
+                seen.add(id(item))
+                out.append(item)
+
+
 def _copy_to(t: Tensor, be: Any) -> Tensor:
     return t if t._be is be else t.detach().to(be)
 
@@ -121,8 +141,13 @@ class Module:
                 yield name, item
 
     def parameters(self) -> list[Tensor]:
-        """The parameters as a list (micrograd's ``model.parameters()``)."""
-        return [p for _, p in self.named_parameters()]
+        """The parameters as a list (micrograd's ``model.parameters()``), in
+        :meth:`named_parameters`' order.  Walked without building names: a training loop asks
+        for them every step (``clip_grad_norm_(model.parameters(), 1.0)``), and the named walk
+        costs twice as much (119 us against 52 us on a 3-layer GIN, loaded machine)."""
+        out: list[Tensor] = []
+        _collect_parameters(self, out, set())
+        return out
 
     def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
         """Public tensors that are not parameters (saved in ``state_dict``, never optimised)."""

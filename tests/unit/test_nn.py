@@ -62,6 +62,28 @@ def test_module_discovers_parameters_in_order_and_skips_private():
     assert list(m.state_dict())[-1] == "buf"
 
 
+class Odd(nn.Module):
+    """Containers discovery must walk as named_parameters() does (or skip as it does)."""
+
+    def __init__(self):
+        self.pair = (nn.Linear(2, 2), pg.tensor([1.0], requires_grad=True))
+        self.numbered = {1: nn.Linear(1, 1), "kept": nn.Linear(1, 2)}  # a non-str key is not discovered
+        self.frozen = pg.tensor([3.0])
+        self.inner = Tiny()
+        self.again = self.inner.blocks[1]         # a module reached twice: its tensors listed once
+        self.nested = [[nn.Linear(1, 1)]]         # a list inside a list is not walked
+        self.derived = self.pair[1] * 2.0         # not a leaf: not a parameter
+
+
+@pytest.mark.parametrize("make", [Tiny, Odd, lambda: nn.GIN(3, 8, 3, 2), lambda: nn.GAT(5, 16, 2, 3),
+                                  lambda: nn.MLP(2, [4, 4, 1], dropout=0.1)])
+def test_parameters_lists_named_parameters_tensors_in_order(make):
+    m = make()
+    assert [id(p) for p in m.parameters()] == [id(p) for _, p in m.named_parameters()]
+    m.parameters()[0].requires_grad = False  # frozen now: gone from both
+    assert [id(p) for p in m.parameters()] == [id(p) for _, p in m.named_parameters()]
+
+
 def test_train_eval_propagates_to_submodules():
     m = nn.MLP(2, [4, 1], dropout=0.5)
     m.eval()
