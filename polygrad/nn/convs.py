@@ -43,6 +43,10 @@ class GATConv(MessagePassing):
     replaced, as PyG); with ``edge_dim`` each loop's edge features are ``fill_value``: "mean"
     (of the node's incoming edges' features, PyG's default), "add", "max" or a number.
 
+    ``in_channels``: an int (one weight maps sources and destinations: ``weight``, PyG's
+    ``lin``) or a pair ``(F_src, F_dst)`` for a bipartite graph whose sides differ (``lin_src``
+    and ``lin_dst``, as PyG).
+
     A repeated edge is its own entry in the softmax, as in PyG.  Unlike PyG, ``edge_attr``
     passed to a layer built without ``edge_dim`` is an error rather than ignored.
     ``return_attention_weights=True`` also returns ``(edge_index, alpha)``: the edges attended
@@ -53,7 +57,7 @@ class GATConv(MessagePassing):
     aggregation is one SpMM; the attention gradient is an SDDMM.  Nothing is ``N x N``.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
+    def __init__(self, in_channels: "int | tuple[int, int]", out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
                  edge_dim: int | None = None, fill_value: "float | str" = "mean",
                  bias: bool = True, dtype: Any = None, backend: Any = None):
@@ -64,11 +68,27 @@ class GATConv(MessagePassing):
             raise ValueError(f"GATConv: dropout must be in [0, 1], got {dropout}")
         if isinstance(fill_value, str) and fill_value not in _LOOP_FILLS:
             raise ValueError(f"GATConv: fill_value must be a number or one of {tuple(_LOOP_FILLS)}, got {fill_value!r}")
-        self.in_channels, self.out_channels, self.heads = int(in_channels), int(out_channels), int(heads)
+        self.out_channels, self.heads = int(out_channels), int(heads)
         self.concat, self.negative_slope, self.dropout = bool(concat), float(negative_slope), float(dropout)
         self.add_self_loops, self.fill_value = bool(add_self_loops), fill_value
         self.edge_dim = None if edge_dim is None else int(edge_dim)
-        self.weight = _init.glorot_uniform((self.in_channels, self.heads * self.out_channels), dtype, backend)
+        width = self.heads * self.out_channels
+        # PyG: an int maps sources and destinations with one weight (its ``lin``); a pair
+        # (source, destination) gives each side its own (``lin_src`` / ``lin_dst``)
+        self.in_channels: "int | tuple[int, int]"
+        self.weight: Tensor | None = None
+        self.lin_src: Linear | None = None
+        self.lin_dst: Linear | None = None
+        if isinstance(in_channels, (tuple, list)):
+            if len(in_channels) != 2:
+                raise ValueError(f"GATConv: in_channels must be an int or a pair (source, destination), "
+                                 f"got {in_channels!r}")
+            self.in_channels = (int(in_channels[0]), int(in_channels[1]))
+            self.lin_src = Linear(self.in_channels[0], width, bias=False, dtype=dtype, backend=backend)
+            self.lin_dst = Linear(self.in_channels[1], width, bias=False, dtype=dtype, backend=backend)
+        else:
+            self.in_channels = int(in_channels)
+            self.weight = _init.glorot_uniform((self.in_channels, width), dtype, backend)
         self.att_src = _init.glorot_uniform((self.heads, self.out_channels), dtype, backend)
         self.att_dst = _init.glorot_uniform((self.heads, self.out_channels), dtype, backend)
         self.lin_edge: Linear | None = None
@@ -80,17 +100,25 @@ class GATConv(MessagePassing):
         width = self.heads * self.out_channels if self.concat else self.out_channels
         self.bias = _init.zeros((width,), dtype, backend) if bias else None
 
+    @property
+    def source_weight(self) -> Tensor:
+        """The weight mapping source features (``weight``, or ``lin_src.weight`` for a pair)."""
+        return self.weight if self.lin_src is None else self.lin_src.weight  # type: ignore[return-value]
+
     def forward(self, x: "Tensor | tuple[Tensor, Tensor | None]", graph: Any, edge_attr: Any = None,
                 return_attention_weights: bool = False, size: Any = None) -> Any:
         """``x``: node features, or ``(x_src, x_dst)`` for a bipartite graph (PyG's convention:
-        one weight maps both; the output has a row per destination; self loops are added for
-        the first ``min(N_src, N_dst)`` nodes; ``x_dst=None`` drops the destination's score)."""
+        the output has a row per destination; self loops are added for the first
+        ``min(N_src, N_dst)`` nodes; ``x_dst=None`` drops the destination's score).  A layer built
+        with ``in_channels=(F_src, F_dst)`` maps each side with its own weight, also when one
+        ``x`` is given for both."""
         name = f"GATConv({self.in_channels} -> {self.heads}x{self.out_channels})"
         pair: tuple[Any, Any] = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, x)
         x_src, x_dst = pair
-        _check_x(name, x_src, self.in_channels)
-        if x_dst is not None and x_dst is not x_src:
-            _check_x(name, x_dst, self.in_channels)
+        src_in, dst_in = self.in_channels if isinstance(self.in_channels, tuple) else (self.in_channels,) * 2
+        _check_x(name, x_src, src_in)
+        if x_dst is not None and (x_dst is not x_src or dst_in != src_in):
+            _check_x(name, x_dst, dst_in)
         h, c = self.heads, self.out_channels
         ns = x_src.shape[0]
         nd = x_dst.shape[0] if x_dst is not None else ns    # PyG: size_i defaults to size_j
@@ -98,12 +126,14 @@ class GATConv(MessagePassing):
         if size is not None:
             rows = tuple(self._sizes(size))  # type: ignore[assignment]
         g = self.edge_graph(graph, rows)
-        feats = x_src @ self.weight                                # [N_src, H*C]
+        w_src = self.source_weight
+        w_dst = w_src if self.lin_dst is None else self.lin_dst.weight
+        feats = x_src @ w_src                                      # [N_src, H*C]
         a_src = (feats.reshape(ns, h, c) * self.att_src).sum(-1).reshape(ns * h)   # node j*H+k
         copies, src_at, edge_at, from_copies = g.derived(("gat", h), lambda gr: _attention_index(gr, h))
         scores = a_src[src_at]                                     # one per (edge copy, head)
         if x_dst is not None:
-            feats_dst = feats if x_dst is x_src else x_dst @ self.weight
+            feats_dst = feats if x_dst is x_src and w_dst is w_src else x_dst @ w_dst
             a_dst = (feats_dst.reshape(g.num_dst, h, c) * self.att_dst).sum(-1).reshape(g.num_dst * h)
             scores = scores + a_dst[copies.rows]
         edge_term = self._edge_term(edge_attr, g)

@@ -52,7 +52,7 @@ class GAT(Module):
         return self.convs[1]
 
     def forward(self, x: Tensor, graph: Any) -> Tensor:
-        h = dropout(sparse_input(x, self.convs[0].weight), self.dropout, self.training)
+        h = dropout(sparse_input(x, self.convs[0].source_weight), self.dropout, self.training)
         for k, conv in enumerate(self.convs):
             h = conv(h, graph)
             if k < len(self.convs) - 1:

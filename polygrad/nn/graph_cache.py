@@ -10,6 +10,11 @@ F=64; measured on a loaded 2-core machine) -- so editing the same array in place
 (``ei[0, :10] = 9``) or passing another graph rebuilds, instead of silently reusing the stale
 structure.
 
+The layers of one forward pass share what they build: a layer that misses its own cache looks
+in the memo of the outermost module call (:func:`polygrad.nn.module.forward_memo`), with the
+same content check, before building -- a batched GIN builds each batch's structure once, not
+once per layer (~90 us each for 32 small graphs).
+
 An ``edge_index`` is a multigraph, as in PyG: a repeated edge is a second edge (it sends a
 second message, counts twice in a mean, and its weight adds to the first).  :class:`EdgeGraph`
 therefore keeps both views:
@@ -33,9 +38,15 @@ from polygrad.sparse import is_sparse
 from polygrad.sparse.graph import edge_index_array
 from polygrad.tensor import Tensor
 
+from .module import forward_memo
+
 __all__ = ["EdgeGraph", "GraphCache", "fingerprint", "owned", "same_fingerprint", "self_loop_edge_index", "FLOWS"]
 
 FLOWS = ("source_to_target", "target_to_source")
+
+#: structures one forward pass shares between its layers (the most recent; a forward over more
+#: distinct graphs, a heterogeneous model's edge types, rebuilds the oldest when it meets it again)
+SHARED_PER_FORWARD = 8
 
 
 # -- content keys -----------------------------------------------------------------------------------
@@ -195,11 +206,25 @@ class GraphCache:
         params = (sizes, flow, bool(self_loops))
         if self._value is not None and self._key[1] == params and same_fingerprint(self._key[0], key):
             return self._value
+        # the other layers of this forward pass may have built it already (GIN's three convs
+        # over one batch): the same content check, against what they built
+        shared = forward_memo()
+        built: list | None = None
+        if shared is not None:
+            built = shared.setdefault(GraphCache, [])
+            for (their_key, their_params), value in built:
+                if their_params == params and same_fingerprint(their_key, key):
+                    self._key, self._value = (their_key, their_params), value
+                    return value
         key = owned(key)
         # built from our copy, never the caller's array: index arrays saved for a backward pass
         # must not change when the caller edits the array between forward and backward
         value = self._build(op, key[1] if key[0] == "edge_index" else graph, sizes, flow, self_loops)
         self._key, self._value = (key, params), value
+        if built is not None:
+            if len(built) >= SHARED_PER_FORWARD:
+                del built[0]
+            built.append((self._key, value))
         return value
 
     @staticmethod

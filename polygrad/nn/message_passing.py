@@ -38,7 +38,8 @@ the graph's de-duplicated pattern with each entry weighted by the sum over its c
 per-edge tensor is made, and the gradient (SpMM's transpose, SDDMM for edge weights) is O(nnz).
 The graph is a PyG ``edge_index`` ``[2, E]`` or a sparse adjacency tensor whose rows are
 destinations (its edges are then in the adjacency's order).  Its structure is cached per layer
-by content (:mod:`polygrad.nn.graph_cache`): editing the ``edge_index`` in place is seen.
+by content, and shared by the layers of one forward pass (:mod:`polygrad.nn.graph_cache`):
+editing the ``edge_index`` in place is seen.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ This keeps micrograd's feel -- a model is a plain Python object with tensors on 
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -25,7 +26,18 @@ from polygrad.tensor import Tensor
 
 from .utils import move_tensor
 
-__all__ = ["Module"]
+__all__ = ["Module", "forward_memo"]
+
+#: the memo of the outermost module call running in this context (None outside any)
+_forward_memo: ContextVar[dict | None] = ContextVar("polygrad_forward_memo", default=None)
+
+
+def forward_memo() -> dict | None:
+    """A dict that lives for the outermost :class:`Module` call running now, shared by every
+    module it calls (None outside a module call): what the layers of one forward pass derive
+    from the same input once -- the graph layers' structure (:mod:`polygrad.nn.graph_cache`).
+    Context-local, so threads and tasks running models at the same time each have their own."""
+    return _forward_memo.get()
 
 
 def _is_parameter(value: Any) -> bool:
@@ -44,6 +56,26 @@ def _children(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         for key, item in value.items():
             if isinstance(key, str) and isinstance(item, (Module, Tensor)):
                 yield f"{prefix}.{key}", item
+
+
+def _collect_parameters(module: "Module", out: list, seen: set) -> None:
+    """Append ``module``'s parameters to ``out`` in :meth:`Module._items` order (depth first, the
+    same children :func:`_children` finds), each tensor once (``seen``: ids)."""
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, (list, tuple)):
+            items: Any = value
+        elif isinstance(value, dict):
+            items = [item for key, item in value.items() if isinstance(key, str)]
+        else:
+            items = (value,)
+        for item in items:
+            if isinstance(item, Module):
+                _collect_parameters(item, out, seen)
+            elif _is_parameter(item) and id(item) not in seen:
+                seen.add(id(item))
+                out.append(item)
 
 
 def _copy_to(t: Tensor, be: Any) -> Tensor:
@@ -70,7 +102,13 @@ class Module:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         note_module(self)  # a pg.compile capture guards the train/eval mode of every module that ran
-        return self.forward(*args, **kwargs)
+        if _forward_memo.get() is not None:
+            return self.forward(*args, **kwargs)
+        token = _forward_memo.set({})  # the outermost call: its sub-modules share one memo
+        try:
+            return self.forward(*args, **kwargs)
+        finally:
+            _forward_memo.reset(token)
 
     # -- discovery ----------------------------------------------------------------------------------
     def _items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -103,8 +141,13 @@ class Module:
                 yield name, item
 
     def parameters(self) -> list[Tensor]:
-        """The parameters as a list (micrograd's ``model.parameters()``)."""
-        return [p for _, p in self.named_parameters()]
+        """The parameters as a list (micrograd's ``model.parameters()``), in
+        :meth:`named_parameters`' order.  Walked without building names: a training loop asks
+        for them every step (``clip_grad_norm_(model.parameters(), 1.0)``), and the named walk
+        costs twice as much (119 us against 52 us on a 3-layer GIN, loaded machine)."""
+        out: list[Tensor] = []
+        _collect_parameters(self, out, set())
+        return out
 
     def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
         """Public tensors that are not parameters (saved in ``state_dict``, never optimised)."""

@@ -5,6 +5,8 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import polygrad.backends.numpy as nb
 from polygrad.ir.ops import Op
@@ -92,7 +94,8 @@ def test_bias_gradient_through_the_blas_sum_is_right():
                 backend="numpy")
 
 
-@pytest.mark.parametrize("size", [nb.BRANCH_FREE_WHERE_MIN - 1, nb.BRANCH_FREE_WHERE_MIN, 43_328])
+@pytest.mark.parametrize("size", [nb.BRANCH_FREE_WHERE_MIN - 1, nb.BRANCH_FREE_WHERE_MIN, 43_328,
+                                  nb.BRANCH_FREE_WHERE_GENERAL_MIN - 1, nb.BRANCH_FREE_WHERE_GENERAL_MIN])
 def test_where_at_and_around_the_branch_free_threshold_is_np_where(size):
     rng = np.random.default_rng(3)
     a = rng.normal(size=size).astype(np.float32)
@@ -142,3 +145,38 @@ def test_expand_is_np_broadcast_to(x, shape):
 def test_expand_refuses_what_np_broadcast_to_refuses(x, shape):
     with pytest.raises(ValueError):
         _kernel(Op.EXPAND)(x, shape=shape)
+
+
+@settings(max_examples=80, deadline=None)
+@given(itemsize=st.sampled_from([4, 8]), rows=st.integers(1, 40), cols=st.integers(1, 9),
+       broadcast=st.sampled_from(["none", "cond-row", "a-scalar", "b-column", "cond-scalar"]),
+       seed=st.integers(0, 2**32 - 1), zero_a=st.booleans())
+def test_branch_free_where_gives_np_wheres_bits_for_any_bit_pattern(itemsize, rows, cols, broadcast, seed, zero_a):
+    """Every path of the branch-free kernel (forced on small arrays) against np.where, on random
+    bit patterns: NaNs with payloads, -0.0, subnormals and infinities all included."""
+    rng = np.random.default_rng(seed)
+    ints, floats = np.dtype(f"i{itemsize}"), np.dtype(f"f{itemsize}")
+    shape = (rows, cols)
+    shapes = {"cond": shape, "a": shape, "b": shape}
+    if broadcast == "cond-row":
+        shapes["cond"] = (cols,)
+    elif broadcast == "a-scalar":
+        shapes["a"] = ()
+    elif broadcast == "b-column":
+        shapes["b"] = (rows, 1)
+    elif broadcast == "cond-scalar":
+        shapes["cond"] = ()
+
+    def bits(s):
+        return rng.integers(np.iinfo(ints).min, np.iinfo(ints).max, size=s, dtype=ints, endpoint=True)
+    cond = np.asarray(rng.random(shapes["cond"]) < 0.5)
+    a = np.zeros((), floats) if zero_a else bits(shapes["a"]).view(floats)
+    b = bits(shapes["b"]).view(floats)
+    for first, second in ((a, b), (a.view(ints), b.view(ints))):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(nb, "BRANCH_FREE_WHERE_MIN", 0)
+            mp.setattr(nb, "BRANCH_FREE_WHERE_GENERAL_MIN", 0)
+            got = nb.branch_free_where(cond, first, second)
+        want = np.where(cond, first, second)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.tobytes() == want.tobytes()

@@ -271,3 +271,53 @@ def test_bipartite_gat_matches_pyg(edge_dim):
     out = conv((ps, pd), ei, edge_attr=pe if edge_dim else None)
     want = ref((ts, td), torch.tensor(ei), te if edge_dim else None)
     _compare(out, want, [ps, pd, pe] if edge_dim else [ps, pd], [ts, td, te] if edge_dim else [ts, td], pairs)
+
+
+@pytest.mark.parametrize("graph", list(GRAPHS))
+@pytest.mark.parametrize("loops,edge_dim", [(True, None), (False, None), (True, 2)])
+def test_gat_with_separate_source_and_destination_weights_matches_pyg(graph, loops, edge_dim):
+    """``GATConv((F_src, F_dst), ...)``: PyG's ``lin_src`` / ``lin_dst``, each side its own width."""
+    ei, n = GRAPHS[graph]()
+    nd = n * 5 // 8
+    ei = ei[:, ei[1] < nd]                                 # n sources -> nd destinations
+    rng = np.random.default_rng(6)
+    xs, xd, ea = rng.normal(size=(n, F_IN)), rng.normal(size=(nd, 4)), rng.normal(size=(ei.shape[1], 2))
+    torch.manual_seed(0)
+    ref = gnn.GATConv((F_IN, 4), 3, heads=2, add_self_loops=loops, edge_dim=edge_dim).double()
+    torch.nn.init.normal_(ref.bias)
+    conv = nn.GATConv((F_IN, 4), 3, heads=2, add_self_loops=loops, edge_dim=edge_dim, dtype=pg.float64)
+    assert conv.weight is None and conv.in_channels == (F_IN, 4)
+    pairs = [_param(conv.lin_src.weight, ref.lin_src.weight, transpose=True),
+             _param(conv.lin_dst.weight, ref.lin_dst.weight, transpose=True), _param(conv.att_src, ref.att_src),
+             _param(conv.att_dst, ref.att_dst), _param(conv.bias, ref.bias)]
+    if edge_dim:
+        pairs += [_param(conv.lin_edge.weight, ref.lin_edge.weight, transpose=True),
+                  _param(conv.att_edge, ref.att_edge)]
+    ps, pd, pe = (pg.tensor(a, dtype=pg.float64, requires_grad=True) for a in (xs, xd, ea))
+    ts, td, te = _t(xs), _t(xd), _t(ea)
+    out, (edges, alpha) = conv((ps, pd), ei, edge_attr=pe if edge_dim else None, return_attention_weights=True)
+    want, (t_edges, t_alpha) = ref((ts, td), torch.tensor(ei), te if edge_dim else None,
+                                   return_attention_weights=True)
+    np.testing.assert_array_equal(edges, t_edges.numpy())
+    np.testing.assert_allclose(alpha.numpy(), t_alpha.detach().numpy(), **TOL)
+    _compare(out, want, [ps, pd, pe] if edge_dim else [ps, pd], [ts, td, te] if edge_dim else [ts, td], pairs)
+
+
+def test_gat_with_a_weight_pair_maps_one_input_with_both_and_loads_pygs_state():
+    ei, n = _random_multigraph()
+    x = np.random.default_rng(8).normal(size=(n, F_IN))
+    torch.manual_seed(1)
+    ref = gnn.GATConv((F_IN, F_IN), 3, heads=2).double()
+    torch.nn.init.normal_(ref.bias)
+    conv = nn.GATConv((F_IN, F_IN), 3, heads=2, dtype=pg.float64)
+    assert nn.torch_names(conv) == {"lin_src.weight": "lin_src.weight", "lin_dst.weight": "lin_dst.weight",
+                                    "att_src": "att_src", "att_dst": "att_dst", "bias": "bias"}
+    nn.load_torch_state_dict(conv, ref.state_dict())
+    px, tx = pg.tensor(x, dtype=pg.float64, requires_grad=True), _t(x)
+    pairs = [(conv.lin_src.weight, ref.lin_src.weight, True), (conv.lin_dst.weight, ref.lin_dst.weight, True),
+             (conv.att_src, ref.att_src, False), (conv.att_dst, ref.att_dst, False), (conv.bias, ref.bias, False)]
+    _compare(conv(px, ei), ref(tx, torch.tensor(ei)), [px], [tx], pairs)
+    with pytest.raises(pg.errors.ShapeError, match=r"\[N, 4\]"):
+        nn.GATConv((F_IN, 4), 3)(pg.tensor(x), ei)         # one input for two widths
+    with pytest.raises(ValueError, match="pair"):
+        nn.GATConv((F_IN, 4, 2), 3)

@@ -1,4 +1,5 @@
-"""polygrad.nn: Module discovery and state, layers, dropout, losses, clip_grad_norm_, GCNConv.
+"""polygrad.nn: Module discovery and state, layers, dropout, losses, GCNConv (clip_grad_norm_:
+test_clip_grad_norm.py).
 
 Gradients are checked against central differences in float64 (polygrad.testing.check_grads) and
 across backends (scalar vs numpy), never against themselves.
@@ -13,7 +14,7 @@ import pytest
 import polygrad as pg
 from polygrad import nn, optim
 from polygrad.data import normalized_adjacency, stochastic_block_model
-from polygrad.errors import CheckpointError, NonFiniteError, ShapeError
+from polygrad.errors import CheckpointError, ShapeError
 from polygrad.testing import assert_backends_agree, check_grads
 
 
@@ -59,6 +60,28 @@ def test_module_discovers_parameters_in_order_and_skips_private():
     assert m.num_parameters() == 2 + 6 + 3 + 3 + 1 + 1 + 1
     assert "_cache" not in m.state_dict()
     assert list(m.state_dict())[-1] == "buf"
+
+
+class Odd(nn.Module):
+    """Containers discovery must walk as named_parameters() does (or skip as it does)."""
+
+    def __init__(self):
+        self.pair = (nn.Linear(2, 2), pg.tensor([1.0], requires_grad=True))
+        self.numbered = {1: nn.Linear(1, 1), "kept": nn.Linear(1, 2)}  # a non-str key is not discovered
+        self.frozen = pg.tensor([3.0])
+        self.inner = Tiny()
+        self.again = self.inner.blocks[1]         # a module reached twice: its tensors listed once
+        self.nested = [[nn.Linear(1, 1)]]         # a list inside a list is not walked
+        self.derived = self.pair[1] * 2.0         # not a leaf: not a parameter
+
+
+@pytest.mark.parametrize("make", [Tiny, Odd, lambda: nn.GIN(3, 8, 3, 2), lambda: nn.GAT(5, 16, 2, 3),
+                                  lambda: nn.MLP(2, [4, 4, 1], dropout=0.1)])
+def test_parameters_lists_named_parameters_tensors_in_order(make):
+    m = make()
+    assert [id(p) for p in m.parameters()] == [id(p) for _, p in m.named_parameters()]
+    m.parameters()[0].requires_grad = False  # frozen now: gone from both
+    assert [id(p) for p in m.parameters()] == [id(p) for _, p in m.named_parameters()]
 
 
 def test_train_eval_propagates_to_submodules():
@@ -299,35 +322,6 @@ def test_accuracy_by_argmax_and_by_sign():
     assert nn.accuracy(np.array([[0.5], [-0.5]]), np.array([1, -1])) == 1.0
     assert nn.accuracy(np.array([0.5, -0.5]), np.array([1, 0])) == 1.0
     assert nn.accuracy(np.array([[0.1, 0.9], [2.0, 1.0]]), np.array([1, 1]), mask=np.array([False, True])) == 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# clip_grad_norm_
-# ---------------------------------------------------------------------------------------------
-
-def test_clip_grad_norm_scales_to_max_norm_and_returns_the_old_norm():
-    a = pg.tensor([0.0, 0.0], dtype=pg.float64, requires_grad=True)
-    b = pg.tensor([0.0], dtype=pg.float64, requires_grad=True)
-    a.grad = pg.tensor([3.0, 0.0], dtype=pg.float64)
-    b.grad = pg.tensor([4.0], dtype=pg.float64)
-    norm = nn.clip_grad_norm_([a, b], max_norm=1.0)
-    assert norm == pytest.approx(5.0)
-    np.testing.assert_allclose(a.grad.numpy(), [0.6, 0.0], rtol=1e-5)
-    np.testing.assert_allclose(b.grad.numpy(), [0.8], rtol=1e-5)
-    assert nn.clip_grad_norm_([a, b], max_norm=10.0) == pytest.approx(1.0, rel=1e-5)
-    np.testing.assert_allclose(b.grad.numpy(), [0.8], rtol=1e-5)  # below max: untouched
-
-
-def test_clip_grad_norm_nonfinite_and_bad_arguments():
-    a = pg.tensor([0.0], requires_grad=True)
-    a.grad = pg.tensor([float("nan")])
-    assert math.isnan(nn.clip_grad_norm_(a))
-    with pytest.raises(NonFiniteError):
-        nn.clip_grad_norm_(a, error_if_nonfinite=True)
-    with pytest.raises(ValueError):
-        nn.clip_grad_norm_(a, max_norm=0.0)
-    c = pg.tensor([1.0], requires_grad=True)  # no gradient: skipped
-    assert nn.clip_grad_norm_([c]) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------
