@@ -194,6 +194,7 @@ case("retry", fill)
 
 def test_idle_buffers_count_as_available_to_the_memory_budget(monkeypatch):
     from polygrad.runtime import memory
+    from polygrad.runtime import pool as array_pool
     from polygrad.runtime.registry import registry
 
     numpy_backend = registry.get("numpy")
@@ -202,10 +203,26 @@ def test_idle_buffers_count_as_available_to_the_memory_budget(monkeypatch):
     del a
     idle = HOST_POOL.idle_bytes()
     assert idle >= n * 4
-    frozen = memory.psutil.virtual_memory().available
-    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: type("VM", (), {"available": frozen})())
+    frozen = array_pool.available_memory_bytes()
+    monkeypatch.setattr(array_pool, "available_memory_bytes", lambda: frozen)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: frozen)
     assert memory.available_bytes() == frozen + idle         # host checks (pg.zeros, pg.load, ...)
     assert memory.available_bytes("numpy") == frozen + idle  # the numpy backend reports no figure of its own
+
+
+def test_the_memory_budget_is_capped_by_the_cgroup_limit(monkeypatch):
+    # in a container psutil reports the host's memory; the budget must see the cgroup's memory.max
+    from polygrad.runtime import memory
+    from polygrad.runtime import pool as array_pool
+
+    HOST_POOL.release()  # no idle buffers: the budget is the cgroup's figure alone
+    host = array_pool.psutil.virtual_memory().available
+    monkeypatch.setattr(array_pool, "_cgroup_memory", lambda root="": (600 << 20, 500 << 20))  # 100 MiB left
+    assert memory.available_bytes() == 100 << 20 < host
+    with pytest.raises(pg.errors.MemoryBudgetError, match="would need"):
+        memory.check("test_op", 200 << 20)
+    monkeypatch.setattr(array_pool, "_cgroup_memory", lambda root="": (None, None))  # no limit: psutil's figure
+    assert abs(memory.available_bytes() - HOST_POOL.idle_bytes() - host) < 1 << 30
 
 
 def test_a_large_allocation_under_memory_pressure_gives_idle_buffers_back_first(monkeypatch):
