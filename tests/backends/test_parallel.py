@@ -262,3 +262,53 @@ def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, 
     p = Pattern.from_coo((n, n), rows, cols)[0]
     keys = p.rows * n + p.cols
     assert (np.diff(keys) > 0).all() and set(keys.tolist()) == set((rows * n + cols).tolist())
+
+
+def _serial_dropout_mask(size: int, p: float, chunk: int, dtype) -> np.ndarray:
+    """The definition a parallel draw must match: dropout's mask drawn in one thread, chunk by
+    chunk, from ``pg.rng()`` (16 bits per entry, four per 64-bit word)."""
+    from polygrad.nn.layers import DROPOUT_LEVELS
+
+    drop_below = np.uint16(min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1))
+    scale = dtype(1.0 / (1.0 - p))
+    generator = pg.rng().bit_generator
+    mask = np.empty(size, dtype=dtype)
+    for lo in range(0, size, chunk):
+        n = min(chunk, size - lo)
+        bits = generator.random_raw((n + 3) // 4).view(np.uint16)[:n]
+        np.multiply(bits >= drop_below, scale, out=mask[lo:lo + n])
+    return mask
+
+
+@FAST
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=3), st.sampled_from([0.1, 0.5, 0.9]),
+       st.sampled_from([np.float32, np.float64]), st.integers(0, 2**31), st.booleans())
+def test_dropout_masks_are_the_serial_draw_at_any_thread_count(monkeypatch, shape, p, dtype, seed, sparse):
+    from polygrad.nn import layers
+    from polygrad.runtime import random_blocks
+
+    monkeypatch.setattr(random_blocks, "PARALLEL_MIN_WORDS", 0)
+    monkeypatch.setattr(layers, "DROPOUT_CHUNK", 8)  # many blocks of 2 words each
+    if sparse:
+        rng = np.random.default_rng(seed)
+        n = max(1, shape[0])
+        at = rng.choice(n * n, size=min(30, n * n), replace=False)  # distinct: every stored value is 1
+        x = pg.sparse_coo(np.stack(np.divmod(at, n)), np.ones(at.shape[0], dtype), (n, n))
+        size = x.nnz
+    else:
+        x = pg.ones(*shape, dtype=dtype)
+        size = int(np.prod(shape))
+    pg.manual_seed(seed)
+    want = _serial_dropout_mask(size, p, 8, dtype) * np.float64(1)  # the kept entries are 1 x scale
+    after = pg.rng().random(3)
+    before = pg.get_num_threads()
+    try:
+        for threads in THREAD_COUNTS:
+            pg.set_num_threads(threads)
+            pg.manual_seed(seed)
+            y = layers.dropout(x, p)
+            got = (y.values if sparse else y).numpy().reshape(-1)
+            assert got.astype(np.float64).tobytes() == want.tobytes(), threads
+            assert pg.rng().random(3).tobytes() == after.tobytes()  # the generator moved as far
+    finally:
+        pg.set_num_threads(before)
