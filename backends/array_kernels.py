@@ -53,11 +53,16 @@ def _index_for(xp, index: tuple) -> tuple:
 
 def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     by_rows: Callable[[Callable[[int, int], None], Any, int, int], None]
+    bincount: Callable[[Any, Any, int], Any]
     if xp is np:  # numpy: row blocks balanced by nonzeros on polygrad's threads (same bits at any count)
         by_rows = parallel.by_rows
+        bincount = parallel.bincount  # ranges of bins, each summed in input order: the same bits
     else:
         def by_rows(kernel, indptr, n, work):  # one device stream: the whole range at once
             kernel(0, n)
+
+        def bincount(keys, weights, minlength):
+            return xp.bincount(keys, weights=weights, minlength=minlength)
 
     def pattern_arrays(pattern):
         return pattern.on(xp.__name__, xp.asarray)
@@ -115,13 +120,12 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
                 width *= n
             flat = src.reshape(src.shape[0], width)
             if src.dtype.kind == "f" and width == 1:  # a vector: no linearised index needed
-                summed = xp.bincount(rows, weights=flat.reshape(-1).astype(xp.float64), minlength=shape[0])
+                summed = bincount(rows, flat.reshape(-1).astype(xp.float64), shape[0])
                 return summed.astype(src.dtype).reshape(shape)
             if src.dtype.kind == "f" and width:
                 cols = xp.arange(width)
                 lin = (rows[:, None] * width + cols[None, :]).ravel()
-                summed = xp.bincount(lin, weights=flat.ravel().astype(xp.float64),
-                                     minlength=shape[0] * width)
+                summed = bincount(lin, flat.ravel().astype(xp.float64), shape[0] * width)
                 return summed.astype(src.dtype).reshape(shape)
         xp.add.at(out, idx, src) if xp.__name__ == "numpy" else _scatter_add(xp, out, idx, src)
         return out

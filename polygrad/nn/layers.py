@@ -7,6 +7,7 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.runtime.pool import HOST_POOL
+from polygrad.runtime.random_blocks import draw_raw_in_blocks
 from polygrad.compile import fresh
 from polygrad.ir.errors import ShapeError
 from polygrad.tensor import Tensor
@@ -112,14 +113,17 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
             mask.fill(0)
             return mask
         # 16 random bits per element, four from each 64-bit word of the generator (a float draw
-        # per element costs twice the generator's time), in chunks of whole words, so the bits
-        # are those of one draw and the temporaries stay small
+        # per element costs twice the generator's time), in chunks of whole words drawn on
+        # polygrad's threads, each from the generator jumped to its first word: the bits of one
+        # serial draw at any thread count, and the temporaries stay small
         flat = mask.reshape(-1)
-        generator = pg.rng().bit_generator
-        for lo in range(0, size, DROPOUT_CHUNK):
+
+        def chunk(first_word: int, words: np.ndarray) -> None:
+            lo = 4 * first_word
             n = min(DROPOUT_CHUNK, size - lo)
-            bits = generator.random_raw((n + 3) // 4).view(np.uint16)[:n]
-            np.multiply(bits >= drop_below, scale_value, out=flat[lo:lo + n])  # 0 or scale
+            np.multiply(words.view(np.uint16)[:n] >= drop_below, scale_value, out=flat[lo:lo + n])  # 0 or scale
+
+        draw_raw_in_blocks(pg.rng().bit_generator, (size + 3) // 4, DROPOUT_CHUNK // 4, chunk)
         return mask
 
     # the mask is ours alone: wrapped as it is (pg.tensor would copy it, a second pass over N x F)

@@ -17,6 +17,8 @@ class Adam(Optimizer):
     :class:`AdamW`) shrinks the weights directly instead: ``p <- p - lr * weight_decay * p``.
     """
 
+    elementwise_update = True  # each element's update reads only that element
+
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False,
                  lr_schedule: Schedule | None = None):

@@ -28,6 +28,8 @@ from polygrad.compile.recorder import note_group_write
 from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
+from .blocked_update import update_in_blocks
+
 __all__ = ["Optimizer", "ParamGroup"]
 
 class ParamGroup(dict):
@@ -67,6 +69,10 @@ class Optimizer:
 
     #: hyper-parameters every group gets (subclasses extend)
     defaults: dict[str, Any] = {}
+    #: whether :meth:`_update` computes each element from that element alone (no norm, no
+    #: reduction, no write into its arguments): then a large host parameter is updated in blocks
+    #: on polygrad's threads, with the same bits (:mod:`polygrad.optim.blocked_update`)
+    elementwise_update = False
 
     def __init__(self, params: Any, defaults: dict[str, Any], lr_schedule: Schedule | None = None):
         if lr_schedule is not None and not callable(lr_schedule):
@@ -186,7 +192,10 @@ class Optimizer:
                     if state and homes.get(id(p)) is not leaf._be:
                         _follow(state, leaf, fast)  # the parameter moved (Module.to): its state follows
                     homes[id(p)] = leaf._be
-                    new = self._update(x, g, lr, group, state, fast)
+                    if self.elementwise_update:  # large host arrays: in blocks, on polygrad's threads
+                        new = update_in_blocks(self._update, x, g, lr, group, state, fast)
+                    else:
+                        new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
         if undo is not None:
             try:

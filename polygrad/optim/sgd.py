@@ -17,6 +17,8 @@ class SGD(Optimizer):
     ``weight_decay=2e-4`` is the gradient of micrograd's ``1e-4 * sum(p**2)`` regulariser.
     """
 
+    elementwise_update = True  # each element's update reads only that element
+
     def __init__(self, params: Any, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, lr_schedule: Schedule | None = None):
         super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": dampening,

@@ -9,7 +9,10 @@ never left to the kernel's OOM killer.  The layout policy (``polygrad.sparse.cho
 
 Available memory comes from the backend when it knows better (``Backend.memory_available()``, e.g.
 a GPU's free memory) and otherwise from psutil (host RAM that can be given to a process without
-swapping).  It is read at the moment of the check, because it changes while the program runs.
+swapping), capped by what the process's cgroup limit (``memory.max``, v1's ``limit_in_bytes``)
+leaves -- read by the array pool's :func:`~polygrad.runtime.pool.available_memory_bytes`, which
+bounds its own buffers the same way.  It is read at the moment of the check, because it changes
+while the program runs.
 """
 from __future__ import annotations
 
@@ -17,9 +20,8 @@ import math
 from typing import Any
 
 import numpy as np
-import psutil
 
-from .pool import HOST_POOL
+from .pool import HOST_POOL, available_memory_bytes
 from .config import config
 from ..ir.errors import MemoryBudgetError
 from .registry import resolve
@@ -53,7 +55,8 @@ def _backend_name(backend: Any) -> str:
 
 
 def available_bytes(backend: Any = None) -> int:
-    """Bytes the backend can still allocate: its own report, else psutil's available host memory.
+    """Bytes the backend can still allocate: its own report, else the host memory available to this
+    process (psutil's figure capped by its cgroup's limit).
 
     ``backend`` is a :class:`polygrad.Backend`, a backend name, or None (host memory).  A backend
     whose ``memory_available()`` raises is treated as reporting nothing (host memory is used).
@@ -67,9 +70,11 @@ def available_bytes(backend: Any = None) -> int:
             reported = None
         if reported is not None:
             return int(reported)
-    # host memory, plus what the host array pool holds idle (it gives that back before a large
-    # allocation that would not fit)
-    return int(psutil.virtual_memory().available) + HOST_POOL.idle_bytes()
+    # host memory this process may still take (psutil's available memory, capped by what its
+    # cgroup's memory.max leaves: in a container the host's figure can be many times that), plus
+    # what the host array pool holds idle (it gives that back before a large allocation that
+    # would not fit)
+    return available_memory_bytes() + HOST_POOL.idle_bytes()
 
 
 def budget_bytes(backend: Any = None) -> int:

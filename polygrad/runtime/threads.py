@@ -41,7 +41,7 @@ import numpy as np
 from ..ir.errors import PolygradError
 
 __all__ = ["set_num_threads", "get_num_threads", "available_cores", "run_blocks", "row_blocks", "even_blocks",
-           "ThreadCountError"]
+           "block_positions", "ThreadCountError"]
 
 ENV_VAR = "POLYGRAD_NUM_THREADS"
 #: variables through which a user already told BLAS its thread count (then polygrad's default leaves it)
@@ -252,3 +252,23 @@ def even_blocks(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` or fewer ranges splitting ``range(n)`` evenly."""
     bounds = np.unique(np.linspace(0, n, max(1, min(parts, n)) + 1).astype(np.int64))
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+#: entries read at once by :func:`block_positions` (4 MiB of booleans per thread)
+SCAN_CHUNK = 1 << 22
+
+
+def block_positions(keys: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Positions (int64, ascending) of the entries of ``keys`` in ``[lo, hi)``: what a block that
+    owns the outputs ``lo..hi`` of a scatter (a row range of a sort, a bin range of a bincount)
+    takes out of an unordered input, in input order.  Read in chunks of ``SCAN_CHUNK`` entries,
+    so the temporaries stay small whatever the input's length."""
+    parts = []
+    for start in range(0, keys.shape[0], SCAN_CHUNK):
+        chunk = keys[start:start + SCAN_CHUNK]
+        inside = chunk >= lo
+        inside &= chunk < hi
+        parts.append(np.flatnonzero(inside) + start)
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)

@@ -23,7 +23,7 @@ import numpy as np
 from scipy.sparse import _sparsetools
 
 from ..runtime import memory
-from ..runtime.threads import get_num_threads, row_blocks, run_blocks
+from ..runtime.threads import block_positions, even_blocks, get_num_threads, row_blocks, run_blocks
 
 
 #: row subsets (Pattern.take_rows) kept per pattern
@@ -43,6 +43,69 @@ def sort_row_indices(n: int, indptr: np.ndarray, cols: np.ndarray, payload: np.n
         _sparsetools.csr_sort_indices(r1 - r0, indptr[r0:r1 + 1], cols, payload)
 
     run_blocks(block, row_blocks(indptr, n, 4 * threads if threads > 1 else 1), threads)
+
+
+def sort_by_row(n: int, m: int, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr, cols, perm) of int64 COO entries in a stable counting sort by row: scipy's compiled
+    ``coo_tocsr`` with each entry's input position as payload, so ``perm[k]`` is the input entry
+    at position k and each row's entries keep their input order.
+
+    On several threads (``pg.set_num_threads``), in blocks of rows balanced by entries: each block
+    picks its entries out of the input, in input order, and sorts them into its own contiguous
+    part of the output.  A stable sort has one answer, so the arrays are the serial ones at any
+    thread count."""
+    nnz = rows.shape[0]
+    threads = 1 if nnz < SORT_PARALLEL_MIN else get_num_threads()
+    indptr = np.empty(n + 1, dtype=np.int64)
+    sorted_cols = np.empty(nnz, dtype=np.int64)
+    perm = np.empty(nnz, dtype=np.int64)
+    if threads == 1:
+        _sparsetools.coo_tocsr(n, m, nnz, rows, cols, np.arange(nnz, dtype=np.int64), indptr, sorted_cols, perm)
+        return indptr, sorted_cols, perm
+    indptr[0] = 0
+    np.cumsum(row_counts(rows, n, threads), out=indptr[1:])
+
+    def block(r0: int, r1: int) -> None:
+        lo, hi = int(indptr[r0]), int(indptr[r1])
+        picked = block_positions(rows, r0, r1)  # input positions, ascending: the payload
+        local_rows = rows[picked]
+        local_rows -= r0
+        local_indptr = np.empty(r1 - r0 + 1, dtype=np.int64)
+        _sparsetools.coo_tocsr(r1 - r0, m, hi - lo, local_rows, cols[picked], picked, local_indptr,
+                               sorted_cols[lo:hi], perm[lo:hi])
+
+    # four blocks per thread: each block reads the whole input once to pick its entries, and the
+    # blocks in flight hold their entries' rows, columns and positions (24 bytes each): about 6
+    # bytes per entry in all, less than the serial sort's payload (8)
+    run_blocks(block, row_blocks(indptr, n, 4 * threads), threads)
+    return indptr, sorted_cols, perm
+
+
+def scatter_permuted(out: np.ndarray, perm: np.ndarray, values: np.ndarray) -> None:
+    """``out[perm] = values`` for a permutation ``perm``, in blocks of ``perm`` on polygrad's
+    threads: no two blocks write one entry, so the result is the serial one."""
+    threads = 1 if perm.shape[0] < SORT_PARALLEL_MIN else get_num_threads()
+
+    def block(lo: int, hi: int) -> None:
+        out[perm[lo:hi]] = values[lo:hi]
+
+    run_blocks(block, even_blocks(perm.shape[0], 4 * threads if threads > 1 else 1), threads)
+
+
+def row_counts(rows: np.ndarray, n: int, threads: int) -> np.ndarray:
+    """Entries per row (int64 ``[n]``) of row indices in any order: ``bincount`` over chunks of
+    the input on ``threads`` threads, the chunks' counts added (integers: exact)."""
+    chunks = even_blocks(rows.shape[0], threads)
+    counts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(chunks)
+
+    def block(i: int, lo: int, hi: int) -> None:
+        counts[i] = np.bincount(rows[lo:hi], minlength=n)
+
+    run_blocks(block, [(i, lo, hi) for i, (lo, hi) in enumerate(chunks)], threads)
+    total = counts[0]
+    for part in counts[1:]:
+        total += part
+    return total
 
 
 def indptr_from_rows(rows: np.ndarray, nrows: int) -> np.ndarray:
@@ -109,10 +172,7 @@ class Pattern:
             return cls(shape, indptr_from_rows(rows, n), cols, layout, rows=rows), None, None
         # a stable counting sort by row (compiled), then each row's columns sorted in place; the
         # payload is each entry's input position
-        indptr = np.empty(n + 1, dtype=np.int64)
-        sorted_cols = np.empty(nnz, dtype=np.int64)
-        perm = np.empty(nnz, dtype=np.int64)
-        _sparsetools.coo_tocsr(n, m, nnz, rows, cols, np.arange(nnz, dtype=np.int64), indptr, sorted_cols, perm)
+        indptr, sorted_cols, perm = sort_by_row(n, m, rows, cols)
         sort_row_indices(n, indptr, sorted_cols, perm)
         first = np.empty(nnz, dtype=bool)
         first[0] = True
@@ -128,7 +188,7 @@ class Pattern:
         distinct = distinct[1:]
         distinct -= 1
         slot = np.empty(nnz, dtype=np.int64)
-        slot[perm] = distinct
+        scatter_permuted(slot, perm, distinct)  # slot[perm] = distinct
         del perm, distinct
         return cls(shape, new_indptr, sorted_cols[first], layout), None, slot
 

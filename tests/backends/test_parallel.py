@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scipy.sparse import _sparsetools
 
 import polygrad as pg
 from polygrad.backends import parallel
@@ -140,6 +141,32 @@ def test_sddmm_and_segment_reductions_are_bit_identical(force_parallel, case, tr
     np.testing.assert_allclose(sums, want, rtol=1e-12, atol=1e-12)
 
 
+@FAST
+@given(st.integers(0, 2**31), st.integers(1, 300), st.integers(0, 3000), st.sampled_from([(), (3,), (2, 2)]),
+       st.sampled_from(["uniform", "one_hot_key", "sorted_runs"]))
+def test_index_add_bincount_is_bit_identical(force_parallel, seed, n, entries, trailing, kind):
+    # the duplicate-summing of construction and the gather-rows backward: bins in ranges, each
+    # range summing its entries in input order, as the serial bincount does
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, n, entries)
+    if kind == "one_hot_key":
+        rows[: entries // 2] = n // 2  # one bin gets half of everything
+    elif kind == "sorted_runs":
+        rows = np.sort(rows)  # repeats in runs (not strictly increasing: the bincount path)
+    src = (rng.standard_normal((entries,) + trailing) * 10.0 ** rng.integers(-3, 4, entries).reshape(
+        (-1,) + (1,) * len(trailing))).astype(np.float32)
+    kernel = _numpy().kernels[(Op.INDEX_ADD, "dense")]
+    force_parallel.clear()
+    results = _at_each_count(lambda: kernel(src, index=(rows,), shape=(n,) + trailing))
+    assert _same_bits(results)
+    width = int(np.prod(trailing))
+    keys = (rows[:, None] * width + np.arange(width)).ravel()  # the serial kernel's linearised bins
+    serial = np.bincount(keys, weights=src.reshape(-1).astype(np.float64), minlength=n * width)
+    assert _same_bits([results[0], serial.astype(np.float32).reshape((n,) + trailing)])
+    if n > 1 and entries > 1 and not (np.diff(rows) > 0).all():  # repeated rows: the bincount path
+        assert max(force_parallel) > 1
+
+
 def test_the_kernels_really_hand_out_blocks(force_parallel):
     rng = np.random.default_rng(0)
     pattern, _, _ = Pattern.from_coo((200, 200), rng.integers(0, 200, 2000), rng.integers(0, 200, 2000))
@@ -233,11 +260,21 @@ def test_gcn_training_is_bit_identical_at_any_thread_count_even_when_it_changes(
 
 
 @FAST
-@given(st.integers(0, 2**31), st.sampled_from(["rmat", "uniform", "huge_row"]), st.integers(1, 3000))
+@given(st.integers(0, 2**31), st.sampled_from(["rmat", "uniform", "huge_row", "empty_rows", "repeats"]),
+       st.integers(1, 3000))
 def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, edges):
     from polygrad.sparse import pattern as pattern_module
 
     monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
+    blocks: list[int] = []
+    real = pattern_module.run_blocks
+
+    def spy(fn, items, threads=None):
+        items = list(items)
+        blocks.append(len(items))
+        return real(fn, items, threads)
+
+    monkeypatch.setattr(pattern_module, "run_blocks", spy)
     rng = np.random.default_rng(seed)
     n = 256
     if kind == "rmat":
@@ -246,19 +283,84 @@ def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, 
         rows, cols = rng.integers(0, n, edges), rng.integers(0, n, edges)
         if kind == "huge_row":
             rows[: edges // 2] = 7
+        elif kind == "empty_rows":
+            rows = rows - rows % 3  # two rows in three empty
+        elif kind == "repeats":
+            rows, cols = rows % 5, cols % 4  # at most 20 distinct entries: mostly duplicates
+    # the serial definition: scipy's stable counting sort by row, then each row's columns sorted
+    indptr = np.empty(n + 1, dtype=np.int64)
+    sorted_cols, perm = np.empty(edges, dtype=np.int64), np.empty(edges, dtype=np.int64)
+    _sparsetools.coo_tocsr(n, n, edges, rows, cols, np.arange(edges, dtype=np.int64), indptr, sorted_cols, perm)
+    _sparsetools.csr_sort_indices(n, indptr, sorted_cols, perm)
     before = pg.get_num_threads()
     try:
         built = []
         for count in THREAD_COUNTS:
             pg.set_num_threads(count)
-            p, perm, slot = Pattern.from_coo((n, n), rows, cols)
-            built.append((p.indptr, p.cols, perm, slot))
+            p, perm_got, slot = Pattern.from_coo((n, n), rows, cols)
+            built.append((p.indptr, p.cols, perm_got, slot))
+            got = pattern_module.sort_by_row(n, n, rows, cols)
+            pattern_module.sort_row_indices(n, got[0], got[1], got[2])
+            assert all(np.array_equal(a, b) for a, b in zip(got, (indptr, sorted_cols, perm)))
     finally:
         pg.set_num_threads(before)
     for other in built[1:]:
         for a, b in zip(built[0], other):
             assert (a is None and b is None) or np.array_equal(a, b)
-    # canonical: sorted by (row, col), no repeats
-    p = Pattern.from_coo((n, n), rows, cols)[0]
+    assert edges < 50 or max(blocks) > 1  # the parallel forms really ran (on unordered input)
+    # canonical: sorted by (row, col), no repeats; with repeats, each entry's slot holds its key
+    p, _, slot = Pattern.from_coo((n, n), rows, cols)
     keys = p.rows * n + p.cols
     assert (np.diff(keys) > 0).all() and set(keys.tolist()) == set((rows * n + cols).tolist())
+    if slot is not None:
+        assert np.array_equal(keys[slot], rows * n + cols)
+
+
+def _serial_dropout_mask(size: int, p: float, chunk: int, dtype) -> np.ndarray:
+    """The definition a parallel draw must match: dropout's mask drawn in one thread, chunk by
+    chunk, from ``pg.rng()`` (16 bits per entry, four per 64-bit word)."""
+    from polygrad.nn.layers import DROPOUT_LEVELS
+
+    drop_below = np.uint16(min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1))
+    scale = dtype(1.0 / (1.0 - p))
+    generator = pg.rng().bit_generator
+    mask = np.empty(size, dtype=dtype)
+    for lo in range(0, size, chunk):
+        n = min(chunk, size - lo)
+        bits = generator.random_raw((n + 3) // 4).view(np.uint16)[:n]
+        np.multiply(bits >= drop_below, scale, out=mask[lo:lo + n])
+    return mask
+
+
+@FAST
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=3), st.sampled_from([0.1, 0.5, 0.9]),
+       st.sampled_from([np.float32, np.float64]), st.integers(0, 2**31), st.booleans())
+def test_dropout_masks_are_the_serial_draw_at_any_thread_count(monkeypatch, shape, p, dtype, seed, sparse):
+    from polygrad.nn import layers
+    from polygrad.runtime import random_blocks
+
+    monkeypatch.setattr(random_blocks, "PARALLEL_MIN_WORDS", 0)
+    monkeypatch.setattr(layers, "DROPOUT_CHUNK", 8)  # many blocks of 2 words each
+    if sparse:
+        rng = np.random.default_rng(seed)
+        n = max(1, shape[0])
+        at = rng.choice(n * n, size=min(30, n * n), replace=False)  # distinct: every stored value is 1
+        x = pg.sparse_coo(np.stack(np.divmod(at, n)), np.ones(at.shape[0], dtype), (n, n))
+        size = x.nnz
+    else:
+        x = pg.ones(*shape, dtype=dtype)
+        size = int(np.prod(shape))
+    pg.manual_seed(seed)
+    want = _serial_dropout_mask(size, p, 8, dtype) * np.float64(1)  # the kept entries are 1 x scale
+    after = pg.rng().random(3)
+    before = pg.get_num_threads()
+    try:
+        for threads in THREAD_COUNTS:
+            pg.set_num_threads(threads)
+            pg.manual_seed(seed)
+            y = layers.dropout(x, p)
+            got = (y.values if sparse else y).numpy().reshape(-1)
+            assert got.astype(np.float64).tobytes() == want.tobytes(), threads
+            assert pg.rng().random(3).tobytes() == after.tobytes()  # the generator moved as far
+    finally:
+        pg.set_num_threads(before)
