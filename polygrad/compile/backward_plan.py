@@ -154,8 +154,8 @@ class BackwardPlans:
         cursor = _forward.get()
         entry: Any = None
         if cursor is not None and cursor.whole and root._node is not None:
-            k = cursor.index.get(id(root._node))
-            if k is not None and cursor.made[k]() is root._node:
+            k = cursor.made(root._node)
+            if k >= 0:
                 entry = cursor.entry_at(k)  # the graph is this call's, made as the plan's was
                 for recipe in tuple(entry.recipes):  # another thread may store one
                     if self._shortcut(recipe, root, tables):
