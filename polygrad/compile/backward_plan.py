@@ -15,7 +15,11 @@ When ``loss.backward()`` is called and a plan recorded for exactly this structur
 kernels run over *this* call's arrays (each bound by its position in the graph: a node's output,
 a node's input, a leaf's current ``.grad``), the leaves receive their gradients, and the nodes are
 freed as eager frees them.  The kernels and their order are the ones eager runs for this
-structure, so the numbers are eager's bit for bit.  Anything a plan cannot reproduce makes the
+structure, so the numbers are eager's bit for bit -- changed only where the bits cannot change
+(:func:`_without_expands`: an EXPAND read only by broadcasting elementwise kernels is left to their
+broadcasting; a kernel's declared small-output variant, ``polygrad_small``, at call sites with
+small outputs, as pure mode's replay; each leaf's last gradient delivered, the earlier ones being
+inputs of the accumulation that made it).  Anything a plan cannot reproduce makes the
 pass run eagerly instead: a structure seen for the first time (it is recorded), a graph with a
 scalar-decomposed (fallen-back) node, a backward that read values on the host, drew random
 numbers or delivered a gradient no kernel produced, ``retain_graph``/``create_graph``/an explicit
@@ -33,6 +37,7 @@ or fallen-back nodes) and runs the plan; anything else takes the full path above
 from __future__ import annotations
 
 import builtins
+import operator
 import threading
 from typing import Any, Callable
 
@@ -42,9 +47,11 @@ from ..engine.autodiff import _accumulate_lock, _data_or_stand_in
 from ..runtime.config import config
 from ..engine.dispatch import _forward, _recording, registry
 from ..engine.graph import toposort
+from ..ir.ops import Op
 from ..tensor import Tensor
 from .program import (BACKWARD, FUSED, GRAD, KERNEL, LOAD, _call_source, _same, _shape_check_source,
                       _ShapeMismatch)
+from .executor import _small
 from .recorder import _Recorder
 
 #: structures kept per compiled function (least recently recorded first out)
@@ -52,7 +59,8 @@ MAX_PLANS = 16
 
 
 class _Plan:
-    __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run", "deep")
+    __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run", "deep",
+                 "bind")
 
     def __init__(self, attrs: list, bindings: list, constants: list, steps: list, deliveries: list,
                  freed: list, tables: tuple, shapes: dict):
@@ -68,6 +76,7 @@ class _Plan:
         self.freed = freed            # node positions eager frees
         self.tables = tables          # the fused-kernel tables the plan was recorded with
         self.run = _generate(self)    # (bound arrays, tables, vjp_tables) -> the delivered arrays
+        self.bind = _binder(bindings)  # (order, nodes, leaves) -> the bound arrays, None: they differ
 
 
 def _structure(order: list) -> tuple[tuple, list, list, list]:
@@ -154,8 +163,8 @@ class BackwardPlans:
         cursor = _forward.get()
         entry: Any = None
         if cursor is not None and cursor.whole and root._node is not None:
-            k = cursor.index.get(id(root._node))
-            if k is not None and cursor.made[k]() is root._node:
+            k = cursor.made(root._node)
+            if k >= 0:
                 entry = cursor.entry_at(k)  # the graph is this call's, made as the plan's was
                 for recipe in tuple(entry.recipes):  # another thread may store one
                     if self._shortcut(recipe, root, tables):
@@ -238,15 +247,9 @@ class BackwardPlans:
 
     @staticmethod
     def _run(plan: _Plan, order: list, nodes: list, leaves: list) -> bool:
-        bound = []
-        for _, positions in plan.bindings:
-            array = _array_at(positions[0], order, nodes, leaves)
-            for other in positions[1:]:  # positions that shared an array when recorded still do
-                if _array_at(other, order, nodes, leaves) is not array:
-                    return False
-            if array is None:
-                return False
-            bound.append(array)
+        bound = plan.bind(order, nodes, leaves)
+        if bound is None:
+            return False
         try:
             grads = plan.run(bound, registry.tables, registry.vjp_tables)
         except Exception:  # noqa: BLE001 - a kernel fault: the caller runs the pass eagerly
@@ -255,7 +258,8 @@ class BackwardPlans:
             for (n, _, be, shape, dtype, shared), array in zip(plan.deliveries, grads):
                 leaves[n].grad = Tensor._make(array.copy() if shared else array, be, shape, dtype)
         for i in plan.freed:
-            nodes[i].free()
+            node = nodes[i]
+            node.inputs = node.scalar = None  # Node.free, inlined (a call per node otherwise)
         return True
 
 
@@ -285,13 +289,15 @@ class Recipe:
         order[-1] = root
         nodes[-1] = node = root._node
         rgs = self.rgs
-        if node is None or node.inputs is None or node.scalar is not None or _rgs(node) != rgs[-1]:
+        slots = self.slots
+        rg = _requires_grad
+        if node is None or node.inputs is None or node.scalar is not None or tuple(map(rg, node.inputs)) != rgs[-1]:
             return None
         for i in range(n - 2, -1, -1):
-            c, j = self.slots[i]
+            c, j = slots[i]
             t = nodes[c].inputs[j]
             node = t._node
-            if node is None or node.inputs is None or node.scalar is not None or _rgs(node) != rgs[i]:
+            if node is None or node.inputs is None or node.scalar is not None or tuple(map(rg, node.inputs)) != rgs[i]:
                 return None
             order[i] = t
             nodes[i] = node
@@ -301,8 +307,11 @@ class Recipe:
         return order, nodes, leaves
 
 
+_requires_grad = operator.attrgetter("requires_grad")
+
+
 def _rgs(node: Any) -> tuple:
-    return tuple([inp.requires_grad for inp in node.inputs])
+    return tuple(map(_requires_grad, node.inputs))
 
 
 def _grads(leaves: list) -> tuple:
@@ -329,14 +338,31 @@ def _recipe(key: tuple, plan: _Plan, order: list, nodes: list, leaves: list) -> 
     return Recipe(key, plan, slots, leaf_slots, [_rgs(node) for node in nodes], _grads(leaves))
 
 
-def _array_at(position: tuple, order: list, nodes: list, leaves: list) -> Any:
-    kind, i, j = position
-    if kind == "out":
-        return order[i]._data
-    if kind == "in":
-        return nodes[i].inputs[j]._data
-    g = leaves[i].grad
-    return None if g is None else g._data
+def _binder(bindings: list) -> Callable[[list, list, list], list | None]:
+    """The plan's bindings as one generated function: each bound array read from its first position
+    in the graph, every other position checked to hold that very array (as when recorded), a missing
+    one (a freed node's, a stand-in's, an unset ``.grad``) making it return None."""
+
+    def at(position: tuple) -> str:
+        kind, i, j = position
+        if kind == "out":
+            return f"order[{i}]._data"
+        if kind == "in":
+            return f"nodes[{i}].inputs[{j}]._data"
+        return f"(None if (g := leaves[{i}].grad) is None else g._data)"
+
+    src = ["def bind(order, nodes, leaves):"]
+    names = []
+    for k, (_, positions) in enumerate(bindings):
+        src.append(f"    a{k} = {at(positions[0])}")
+        src.append(f"    if a{k} is None: return None")
+        for other in positions[1:]:  # positions that shared an array when recorded still do
+            src.append(f"    if {at(other)} is not a{k}: return None")
+        names.append(f"a{k}")
+    src.append(f"    return [{', '.join(names)}]")
+    env: dict[str, Any] = {}
+    exec(builtins.compile("\n".join(src), "<pg.compile backward bindings>", "exec"), env)
+    return env["bind"]
 
 
 def _copy(array: Any) -> Any:
@@ -403,13 +429,64 @@ def _plan_of(rec: _Recorder, where: dict, leaf_no: dict, attrs: list, nodes: lis
             return None  # random draws, host calls, anything else: the pass stays eager
     freed = [i for i, node in enumerate(nodes) if node.inputs is None]
     shapes = {slot: rec.meta[slot][1] for e in steps if e[0] == FUSED for slot in e.outs if slot >= 0}
+    last: dict[int, int] = {}  # a leaf's last delivery is its .grad after the pass: the others are not made
+    for k, d in enumerate(deliveries):
+        last[d[0]] = k
+    deliveries = [d for k, d in enumerate(deliveries) if last[d[0]] == k]
+    steps = _without_expands(steps, rec.meta, {d[1] for d in deliveries})
     return _Plan(attrs, bindings, constants, steps, deliveries, freed, tables, shapes)
+
+
+#: elementwise ops whose kernels broadcast their operands (the ops' inference does): an operand
+#: expanded to the output's shape gives the same elements as the operand itself
+_BROADCASTING = frozenset({Op.ADD, Op.MUL, Op.WHERE, Op.MAXIMUM, Op.POW, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
+
+
+def _without_expands(steps: list, meta: list, delivered: set) -> list:
+    """``steps`` without the EXPAND kernels (a sum's gradient spread over its input's shape) whose
+    every reader is a broadcasting elementwise kernel of the same backend that broadcasts the
+    unexpanded operand to the same output shape, with the dtypes of its other value operands (so
+    the kernel promotes nothing differently): those readers read the unexpanded buffer instead.
+    Each output element is the same operation on the same values, so the same bits."""
+    readers: dict[int, list] = {}
+    for n, e in enumerate(steps):
+        for slot in e.inputs:
+            readers.setdefault(slot, []).append(n)
+    replace: dict[int, int] = {}  # expanded slot -> the slot it expanded
+    for e in steps:
+        if e[0] != KERNEL or e.key != (Op.EXPAND, "dense") or e.out in delivered:
+            continue
+        src = e.inputs[0]
+        ok = bool(readers.get(e.out))
+        for n in readers.get(e.out, ()):
+            r = steps[n]
+            if r[0] != KERNEL or r.key[1] != "dense" or r.key[0] not in _BROADCASTING or r.backend is not e.backend:
+                ok = False
+                break
+            values = r.inputs[1:] if r.key[0] == Op.WHERE else r.inputs
+            shapes = [meta[src][1] if i == e.out else meta[replace.get(i, i)][1] for i in r.inputs]
+            if (any(meta[i][2] != meta[src][2] for i in values)
+                    or tuple(np.broadcast_shapes(*shapes)) != tuple(r.shape)):
+                ok = False
+                break
+        if ok:
+            replace[e.out] = src
+    if not replace:
+        return steps
+    out = []
+    for e in steps:
+        if e[0] == KERNEL and e.out in replace:
+            continue
+        if any(i in replace for i in e.inputs):
+            e = e._replace(inputs=tuple(replace.get(i, i) for i in e.inputs))
+        out.append(e)
+    return out
 
 
 def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
     """The plan as one Python function: its kernels as straight-line calls over local buffers, each
     deleted after its last use (what makes a plan cheaper than the rules it replaces)."""
-    env: dict[str, Any] = {"Mismatch": _ShapeMismatch}
+    env: dict[str, Any] = {"Mismatch": _ShapeMismatch, "SMALL": _small}
     kernels: dict[tuple, str] = {}
 
     def const(value: Any) -> str:
@@ -419,6 +496,18 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
 
     def kernel(fused: bool, be: Any, key: tuple) -> str:
         return kernels.setdefault((fused, be.name, key), f"k{len(kernels)}")
+
+    small: dict[str, int] = {}  # local name of a kernel -> the output size its small variant serves
+
+    def small_kernel(be: Any, key: tuple, shape: tuple) -> str:
+        """The kernel's variant for this call site's (small) output where it declares one (as the
+        pure mode's executor does, checked again against the table's kernel when the plan runs)."""
+        name = kernel(False, be, key)
+        declared = getattr(registry.tables.get(be.name, {}).get(key), "polygrad_small", None)
+        if declared is None or int(np.prod(shape, dtype=np.int64)) >= declared[2]:
+            return name
+        small[name] = declared[2]
+        return f"{name}s"
 
     def call(ins: tuple, kwargs: dict) -> str:
         return _call_source(ins, kwargs, const)
@@ -430,7 +519,7 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
     body: list[tuple[list[str], tuple]] = []
     for e in plan.steps:
         if e[0] == KERNEL:
-            body.append(([f"b{e.out} = {kernel(False, e.backend, e.key)}({call(e.inputs, e.attrs)})",
+            body.append(([f"b{e.out} = {small_kernel(e.backend, e.key, e.shape)}({call(e.inputs, e.attrs)})",
                           check(f"b{e.out}", e.backend, e.shape)], e.inputs))
         else:
             lines = [f"r = {kernel(True, e.backend, e.key)}({call(e.inputs, e.kwargs)})"]
@@ -447,6 +536,8 @@ def _generate(plan: _Plan) -> Callable[[list, dict, dict], tuple]:
     src += [f"    b{slot} = {const(array)}" for slot, array in plan.constants]
     for (fused, name, key), local in kernels.items():
         src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
+        if local in small:
+            src.append(f"    {local}s = SMALL({local}, {small[local]})")
     for n, (lines, _) in enumerate(body):
         src += [f"    {line}" for line in lines]
         dead = sorted({s for s, at in last.items() if at == n and s not in delivered})

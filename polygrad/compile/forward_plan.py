@@ -10,8 +10,10 @@ later call's ops are matched against it:
 * an op equal to the plan's next entry in everything those decisions read -- op, layout,
   attributes (with their types), each input's shape, dtype, backend, ``requires_grad`` and
   node/data state (which decides what the node keeps), and grad mode -- runs the entry's kernel
-  (checked still to be the registry's) over this call's arrays and records the graph node with
-  the entry's saved-input layout (``dispatch._run_planned``); a kernel fault is handled exactly
+  (checked still to be the registry's; its small-output variant where it declares one, as pure
+  mode's replay calls it) over this call's arrays and records the graph node with the entry's
+  saved-input layout (:meth:`Cursor.run`, which ``apply`` asks first: before its own checks when
+  no dtype promotion can apply, after the promotion otherwise); a kernel fault is handled exactly
   as eagerly (the same fallback policy);
 * the first op that differs leaves the plan for the rest of the call: it and every later op run
   through the full eager ``apply`` and are recorded, and the plan becomes what this call issued.
@@ -22,14 +24,23 @@ backward plan being recorded) are neither matched nor recorded.
 """
 from __future__ import annotations
 
-import weakref
+import math
+import operator
 from typing import Any
 
 import numpy as np
 
 from ..engine import graph
-from ..runtime import memory
+from ..engine.dispatch import EMPTY, KernelFault, _contradiction, _events, _grad_enabled, _tables, fallback
+from ..engine.graph import Node, stand_in
+from ..ir.errors import PolygradError
 from ..ir.ops import Op, kernel_key
+from ..runtime import memory
+from ..tensor import Tensor
+from .executor import _small
+
+_data = operator.attrgetter("_data")
+_make = Tensor._make
 
 #: attribute value types an entry compares by ``==`` plus type (anything else -- an index array --
 #: makes the entry a *slow* one: matched by op only, run through the full eager ``apply``)
@@ -79,8 +90,8 @@ def _same_attrs(e: Entry, attrs: dict) -> bool:
 class Entry:
     """One op of a forward plan: what it was applied to and the decisions ``apply`` made for it."""
 
-    __slots__ = ("op", "layout", "attrs", "types", "ins", "grad", "kernel", "key", "be", "shape", "dtype",
-                 "node", "keep", "slow", "refs", "recipes")
+    __slots__ = ("op", "layout", "attrs", "types", "grad", "kernel", "key", "be", "shape", "dtype",
+                 "node", "keep", "slow", "refs", "recipes", "spec", "n", "be_name", "call", "bare", "stand")
 
     def __init__(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
                  result: Any, scalar: Any, refs: tuple | None) -> None:
@@ -93,7 +104,16 @@ class Entry:
         self.layout = layout
         self.attrs = attrs
         self.types = attr_types(attrs)
-        self.ins = tuple((t.shape, t.dtype, t._be, t.requires_grad, input_state(t)) for t in inputs)
+        #: per input, what Cursor.run compares: shape, dtype, backend, requires_grad, node/data state
+        #: (input_state), and where it came from (its item of refs; None: no grad, or refs is None)
+        self.spec = tuple((t.shape, t.dtype, t._be, t.requires_grad, input_state(t),
+                           None if refs is None else refs[j]) for j, t in enumerate(inputs))
+        self.n = len(inputs)
+        self.be_name = result._be.name
+        #: what run() calls: the kernel's small-output variant where it declares one for this
+        #: output size (the same numbers: see compile.executor._small), without attrs when none
+        self.call: Any = _small(kernel, math.prod(result.shape)) if kernel is not None else None
+        self.bare = not attrs
         self.grad = grad
         self.kernel = kernel
         self.key = kernel_key(op, layout)
@@ -106,6 +126,8 @@ class Entry:
         self.keep = None if node is None else tuple(a is b for a, b in zip(node.inputs, inputs))
         if self.keep is not None and all(self.keep):
             self.keep = None
+        #: the inputs the node keeps as stand-ins, by position
+        self.stand = () if self.keep is None else tuple(j for j, k in enumerate(self.keep) if not k)
         # replayed only through the full apply: attributes it cannot compare, no table kernel, an
         # output the memory budget checks, a kernel that fell back
         self.slow = (self.types is None or kernel is None or scalar is not None
@@ -118,19 +140,20 @@ class Cursor:
     ``pos`` is the next entry to match, or -1 once the call has left the plan; ``fresh`` is then
     the plan this call issues (the matched prefix, then every op recorded as it ran)."""
 
-    __slots__ = ("plan", "pos", "fresh", "left_at", "made", "index", "leaves", "leaf_ids", "whole")
+    __slots__ = ("plan", "pos", "fresh", "left_at", "token", "ops", "leaves", "leaf_ids", "whole")
 
     def __init__(self, plan: list) -> None:
         self.plan = plan
         self.pos = 0
         self.fresh: list | None = None
         self.left_at = -1  # the position the call left the plan at (-1: it did not)
-        # the graph this call made, for the backward shortcut (backward_plan): each op's node
-        # (weakly: a graph the step drops is freed as eagerly), by position and by id, the leaves
-        # that require grad in the order the ops used them, and whether every op's inputs came
-        # from the same positions and leaves as when its entry was recorded
-        self.made: list = []
-        self.index: dict[int, int] = {}
+        # the graph this call made, for the backward shortcut (backward_plan): each node an op of
+        # this call made carries ``token`` and the op's position (Node.made_by, Node.made_at: no
+        # reference from here, so a graph the step drops is freed as eagerly), ``ops`` counts the
+        # ops so far, the leaves that require grad in the order the ops used them, and whether
+        # every op's inputs came from the same positions and leaves as when its entry was recorded
+        self.token = object()
+        self.ops = 0
         self.leaves: list = []
         self.leaf_ids: dict[int, int] = {}
         self.whole = True
@@ -153,40 +176,22 @@ class Cursor:
                     self.leaves.append(t)
                 if out is not None:
                     out += ((1, n),)
-            else:
-                k = self.index.get(id(node))
-                if k is None or self.made[k]() is not node:  # (an id of a node since freed)
-                    out = None  # the leaves after it are still numbered, for the next entries
-                elif out is not None:
-                    out += ((0, k),)
+            elif node.made_by is not self.token:
+                out = None  # the leaves after it are still numbered, for the next entries
+            elif out is not None:
+                out += ((0, node.made_at),)
         return out
-
-    def _same_refs(self, inputs: tuple, refs: tuple | None) -> bool:
-        """Whether :meth:`refs` of ``inputs`` would equal ``refs`` (new leaves are numbered)."""
-        if refs is None:
-            return False
-        for t, r in zip(inputs, refs):
-            if r is None:  # no grad (requires_grad was matched)
-                continue
-            node = t._node
-            if node is None:
-                n = self.leaf_ids.get(id(t))
-                if n is None:
-                    n = self.leaf_ids[id(t)] = len(self.leaves)
-                    self.leaves.append(t)
-                if r[0] != 1 or r[1] != n:
-                    return False
-            elif r[0] != 0 or (made := self.made[r[1]]) is None or made() is not node:
-                return False
-        return True
 
     def produced(self, node: Any) -> None:
         """The node (or None) the op at the current position made."""
-        if node is None:
-            self.made.append(None)
-        else:
-            self.index[id(node)] = len(self.made)
-            self.made.append(weakref.ref(node))
+        if node is not None:
+            node.made_by = self.token
+            node.made_at = self.ops
+        self.ops += 1
+
+    def made(self, node: Any) -> int:
+        """The position of the op of this call that made ``node`` (-1: none did)."""
+        return node.made_at if node.made_by is self.token else -1
 
     def entry_at(self, k: int) -> Entry:
         """The entry of this call's ``k``-th op (on the plan or recorded)."""
@@ -197,43 +202,97 @@ class Cursor:
         """Entries this call walked along the plan (slow ones included) before leaving it."""
         return self.pos if self.pos >= 0 else self.left_at
 
-    def match(self, op: Op, inputs: tuple, attrs: dict, layout: str, grad: bool) -> Entry | None:
-        """The plan's next entry when this op equals it (the caller runs it fast), else None (the
-        caller runs the full ``apply`` and calls :meth:`record`).  Called for every op of a
-        default-mode call: comparisons are inlined, identity first."""
+    def run(self, op: Op, inputs: tuple, attrs: dict, layout: str) -> Any:
+        """The result of this op run with the plan's next entry's decisions when the op equals it,
+        else None: the call left the plan here, or the entry is a slow one (still on the plan); the
+        caller runs the full ``apply``, which :meth:`record` s the op.  Called for every op of a
+        default-mode call: the comparisons are inlined, the cheapest first."""
         pos = self.pos
-        if pos < 0:
-            return None
         plan = self.plan
-        if pos < len(plan):
-            e = plan[pos]
-            if e.op is op and e.layout == layout and e.grad is grad and len(e.ins) == len(inputs):
-                if e.slow:
-                    self.pos = pos + 1  # the same op, run through the full apply: still on the plan
-                    return None
-                same = attrs is e.attrs or _same_attrs(e, attrs)
-                if same:
-                    for t, (shape, dtype, be, rg, state) in zip(inputs, e.ins):
-                        td = t.dtype
-                        if (t.shape != shape or (td is not dtype and td != dtype) or t._be is not be
-                                or t.requires_grad != rg):
-                            same = False
-                            break
-                        if state:
-                            if input_state(t) != state:
-                                same = False
-                                break
-                        elif t._node is not None or t._data is None:
-                            same = False
-                            break
-                if same:
-                    self.pos = pos + 1
-                    if self.whole:  # Cursor.refs(inputs) == e.refs, inlined (once not whole: not needed)
-                        self.whole = self._same_refs(inputs, e.refs)
-                    return e
-        self.fresh = plan[:pos]
+        if pos >= len(plan):
+            return self._leave(pos)
+        e = plan[pos]
+        if e.op is not op or e.layout != layout or e.grad is not _grad_enabled.get() or e.n != len(inputs):
+            return self._leave(pos)
+        if e.slow:
+            self.pos = pos + 1  # the same op, run through the full apply: still on the plan
+            return None
+        if attrs is not e.attrs and not _same_attrs(e, attrs):
+            return self._leave(pos)
+        whole = self.whole and e.refs is not None
+        for t, (shape, dtype, be, rg, state, ref) in zip(inputs, e.spec):
+            td = t.dtype
+            if t.shape != shape or (td is not dtype and td != dtype) or t._be is not be or t.requires_grad != rg:
+                break
+            node = t._node
+            if state:
+                if t._data is None:
+                    if state != 3:
+                        break
+                elif node is None:
+                    break
+                elif state != (1 if node.op in graph.reads_output else 2):
+                    break
+            elif node is not None or t._data is None:
+                break
+            if whole and ref is not None:
+                if node is None:
+                    n = self.leaf_ids.get(id(t))
+                    if n is None:
+                        n = self.leaf_ids[id(t)] = len(self.leaves)
+                        self.leaves.append(t)
+                    if ref[0] != 1 or ref[1] != n:
+                        whole = False
+                elif ref[0] != 0 or node.made_by is not self.token or node.made_at != ref[1]:
+                    whole = False
+        else:  # every input equal (no break)
+            if _tables.get(e.be_name, EMPTY).get(e.key) is e.kernel:
+                self.pos = pos + 1
+                self.whole = whole
+                return self._execute(e, op, inputs, attrs, layout)
+            # the registry's kernel changed since the plan was recorded: leave (below)
+        return self._leave(pos)
+
+    def _leave(self, pos: int) -> None:
+        """Leave the plan at entry ``pos``: this op and the rest of the call run the full ``apply``."""
+        self.fresh = self.plan[:pos]
         self.left_at, self.pos = pos, -1
-        return None
+
+    def _execute(self, entry: Entry, op: Op, inputs: tuple, attrs: dict, layout: str) -> Any:
+        """``apply`` for an op equal to its entry: the entry's inference, kernel and node layout,
+        everything else as ``apply`` does it (a kernel fault takes the same fallback)."""
+        first = inputs[0]
+        be = first._be
+        shape, dtype = entry.shape, entry.dtype
+        scalar = None
+        try:
+            out = entry.call(*map(_data, inputs)) if entry.bare else entry.call(*map(_data, inputs), **attrs)
+            if be.shape(out) != shape or be.dtype(out) != dtype:
+                raise _contradiction(be, op, layout, out, shape, dtype)
+        except KernelFault as exc:
+            out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
+        except PolygradError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as in apply
+            out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
+        result = _make(out, be, shape, dtype)
+        if entry.node:
+            result.requires_grad = True
+            if entry.stand:
+                listed = list(inputs)
+                for j in entry.stand:
+                    listed[j] = stand_in(listed[j])
+                kept = tuple(listed)
+            else:
+                kept = inputs
+            result._node = node = Node(op, kept, attrs, layout, be, scalar)
+            node.made_by = self.token  # self.produced(node), inlined
+            node.made_at = self.ops
+        self.ops += 1
+        ev = _events["polygrad_op_executed"]
+        if ev is not None:
+            ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
+        return result
 
     def record(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
                result: Any, scalar: Any) -> None:
@@ -247,11 +306,6 @@ class Cursor:
         elif self.plan[self.pos - 1].refs != refs:  # a slow entry of the plan
             self.whole = False
         self.produced(result._node)
-
-    def leave(self) -> None:
-        """Leave the plan at the entry just matched (its op then runs, and is recorded, eagerly)."""
-        self.fresh = self.plan[:self.pos - 1]
-        self.left_at, self.pos = self.pos - 1, -1
 
     def finished(self) -> list | None:
         """The plan the next call should match (None: keep the current one)."""

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import math
-from weakref import ref as _weakref
 import threading
 import warnings
 from collections import Counter
@@ -32,7 +31,7 @@ from ..runtime.config import config
 from ..ir.dtypes import needs_cast, promote
 from ..ir.errors import BackendError, FallbackWarning, MemoryBudgetError, MixedBackendError, PolygradError
 from ..runtime.events import hook_failures
-from .graph import Node, saved_inputs, stand_in
+from .graph import Node, saved_inputs
 from .inference import _RULES as _infer_rules
 from ..ir.ops import NON_DIFFERENTIABLE, Op, kernel_key
 from ..runtime.registry import registry
@@ -151,6 +150,18 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     """Run primitive ``op`` on tensors ``inputs`` and record it for autodiff.
 
     This is the hot path of every op: keep it free of generator expressions and extra calls."""
+    cursor = _forward.get()
+    planned = False  # whether pg.compile's forward plan was asked about this op
+    if cursor is not None:
+        if _recording.get() is not None or config.validate:
+            cursor = None  # a pass being captured: its ops are not part of the call's plan
+        elif cursor.pos >= 0 and (len(inputs) == 1 or (len(inputs) == 2 and inputs[0].dtype is inputs[1].dtype)):
+            # operands no promotion applies to (the mixed-backend check is the plan's: an entry's
+            # inputs all lived on one backend): ask the plan first, before anything else is computed
+            result = cursor.run(op, inputs, attrs, layout)
+            if result is not None:
+                return result
+            planned = True
     first = inputs[0]
     be = first._be
     n = len(inputs)
@@ -183,16 +194,10 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
             array_list.append(t._data)
             needs_grad = needs_grad or t.requires_grad
         shapes, dtypes, arrays = tuple(shape_list), tuple(dtype_list), array_list
-    cursor = _forward.get()
-    if cursor is not None:
-        if _recording.get() is None and not config.validate:
-            entry = cursor.match(op, inputs, attrs, layout, _grad_enabled.get())
-            if entry is not None:
-                if _tables.get(be.name, EMPTY).get(entry.key) is entry.kernel:
-                    return _run_planned(cursor, entry, op, inputs, attrs, layout, arrays)
-                cursor.leave()  # the registry's kernel changed since the plan was recorded
-        else:
-            cursor = None  # a pass being captured: its ops are not part of the call's plan
+    if cursor is not None and not planned and cursor.pos >= 0:  # (after any promotion)
+        result = cursor.run(op, inputs, attrs, layout)
+        if result is not None:
+            return result
     memo = _inference_memo.get()
     if memo is None:
         shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
@@ -233,44 +238,6 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         rec.kernel(op, layout, be, inputs, attrs, result)
     elif cursor is not None:  # pg.compile's default mode: the op joins the call's forward plan
         cursor.record(op, layout, attrs, inputs, _grad_enabled.get(), kernel, result, scalar)
-    ev = _events["polygrad_op_executed"]
-    if ev is not None:
-        ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)
-    return result
-
-
-def _run_planned(cursor: Any, entry: Any, op: Op, inputs: tuple, attrs: dict, layout: str, arrays: Sequence[Any]):
-    """``apply`` for an op equal to its forward-plan ``entry`` (polygrad.compile.forward_plan):
-    the entry's inference, kernel and node layout, everything else as ``apply`` does it."""
-    first = inputs[0]
-    be = first._be
-    shape, dtype = entry.shape, entry.dtype
-    kernel = entry.kernel
-    scalar = None
-    try:
-        out = kernel(*arrays, **attrs)
-        if be.shape(out) != shape or be.dtype(out) != dtype:
-            raise _contradiction(be, op, layout, out, shape, dtype)
-    except KernelFault as exc:
-        out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
-    except PolygradError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - as in apply
-        out, scalar = fallback(op, inputs, attrs, layout, shape, dtype, exc)
-    result = first._new(out, be, shape, dtype)
-    made = cursor.made
-    if entry.node:
-        result.requires_grad = True
-        keep = entry.keep
-        if keep is None:
-            kept = inputs
-        else:
-            kept = tuple([t if k else stand_in(t) for t, k in zip(inputs, keep)])
-        result._node = node = Node(op, kept, attrs, layout, be, scalar)
-        cursor.index[id(node)] = len(made)  # cursor.produced(node), inlined
-        made.append(_weakref(node))
-    else:
-        made.append(None)
     ev = _events["polygrad_op_executed"]
     if ev is not None:
         ev(op=op.value, backend=be.name, layout=layout, inputs=inputs, output=result)

@@ -49,7 +49,7 @@ class Node:
     (unless retain_graph), which frees everything it kept alive.
     """
 
-    __slots__ = ("op", "inputs", "attrs", "layout", "backend", "scalar", "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "layout", "backend", "scalar", "made_by", "made_at", "__weakref__")
 
     def __init__(self, op: Op, inputs: tuple, attrs: dict, layout: str, backend: Any,
                  scalar: Any = None):
@@ -59,6 +59,10 @@ class Node:
         self.layout = layout
         self.backend = backend
         self.scalar = scalar
+        #: the pg.compile default-mode call that made this node (its Cursor's token; None: none),
+        #: and the position of its op in that call (``made_at``, set with it)
+        self.made_by: Any = None
+        self.made_at = -1
 
     def free(self) -> None:
         self.inputs = None

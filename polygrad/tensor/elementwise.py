@@ -27,10 +27,9 @@ def _as_operand(x: Any, like: Tensor) -> Tensor:
     try:  # zero-cost unless raised; an int too large for the dtype is the user's error
         tx = type(x)
         if tx is float:  # the common case first: a Python float next to a float tensor
-            dtype = like.dtype if like.dtype.kind == "f" else default_float
-            return Tensor._new(like._be.from_numpy(np.asarray(x, dtype=dtype)), like._be, (), dtype)
+            return _constant(x, like.dtype if like.dtype.kind == "f" else default_float, like._be)
         if tx is int and like.dtype.kind in "fi":
-            return Tensor._new(like._be.from_numpy(np.asarray(x, dtype=like.dtype)), like._be, (), like.dtype)
+            return _constant(x, like.dtype, like._be)
         if isinstance(x, (bool, np.bool_)):
             dtype = bool_ if like.dtype == bool_ else like.dtype
         elif isinstance(x, (complex, np.complexfloating)):
@@ -50,6 +49,32 @@ def _as_operand(x: Any, like: Tensor) -> Tensor:
         return tensor_from_numpy(np.asarray(x, dtype=dtype), like._be)
     except OverflowError as exc:
         raise DTypeError(f"operand {x!r:.60} does not fit a tensor of dtype {like.dtype}: {exc}") from None
+
+
+#: constant operands made from Python floats and ints, by (type, value, dtype, backend): one 0-d
+#: tensor each, shared by every op that uses it -- polygrad never writes an operand's array and
+#: never hands these tensors to the user -- so a step's ``1 - x``, ``0.5 * h`` or ``x.mean()`` does
+#: not build its constants again on every call.  NaN and float zeros are not kept (NaN != NaN,
+#: and -0.0 == 0.0 would share a key); the table is bounded (a value that changes every call).
+_CONSTANTS: dict[tuple, Tensor] = {}
+_MAX_CONSTANTS = 256
+
+
+def _constant(x: int | float, dtype: np.dtype, be: Any) -> Tensor:
+    """``x`` as a 0-d constant tensor of ``dtype`` on backend ``be`` (from :data:`_CONSTANTS`)."""
+    key = (type(x), x, dtype, be)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        try:
+            array = np.asarray(x, dtype=dtype)
+        except OverflowError as exc:  # an int too large for the dtype is the user's error
+            raise DTypeError(f"operand {x!r:.60} does not fit a tensor of dtype {dtype}: {exc}") from None
+        t = Tensor._new(be.from_numpy(array), be, (), dtype)
+        if x == x and (x or type(x) is int):
+            if len(_CONSTANTS) >= _MAX_CONSTANTS:
+                _CONSTANTS.clear()
+            _CONSTANTS[key] = t
+    return t
 
 
 def _pair(a: Any, b: Any) -> tuple[Tensor, Tensor]:

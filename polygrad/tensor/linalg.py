@@ -16,6 +16,11 @@ def matmul(a, b) -> Tensor:
     if is_sparse(a) or is_sparse(b):
         return _sparse("matmul")(a, b)
     a, b = _pair(a, b)
+    return _dense_matmul(a, b)
+
+
+def _dense_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for two dense tensors: sparse when the layout policy says ``a`` is cheaper so."""
     a_sparse = _sparse("maybe_sparsify_for_matmul")(a, b)
     if a_sparse is not None:
         return _sparse("matmul")(a_sparse, b)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from typing import Any
 
 import numpy as np
 
@@ -26,13 +27,28 @@ from .elementwise import where
 def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     if is_sparse(x):
         return _sparse("sum")(x, axis, keepdims)
-    return apply(Op.SUM, (x,), {"axes": normalize_axes(Op.SUM, axis, x.ndim), "keepdims": keepdims})
+    return apply(Op.SUM, (x,), _reduce_attrs(Op.SUM, axis, x.ndim, keepdims))
+
+
+#: the attrs of a reduction over all axes, by (op, ndim, keepdims): one dict each, shared by every
+#: call (nothing writes an op's attrs), so pg.compile's forward plan matches them by identity
+_ALL_AXES: dict[tuple, dict] = {}
+
+
+def _reduce_attrs(op: Op, axis: Any, ndim: int, keepdims: Any) -> dict:
+    """The attrs of reduction ``op`` over ``axis`` (None: all axes, then shared) of an ``ndim``-d tensor."""
+    if axis is None and type(keepdims) is bool:
+        attrs = _ALL_AXES.get((op, ndim, keepdims))
+        if attrs is None:
+            attrs = _ALL_AXES[(op, ndim, keepdims)] = {"axes": tuple(range(ndim)), "keepdims": keepdims}
+        return attrs
+    return {"axes": normalize_axes(op, axis, ndim), "keepdims": keepdims}
 
 
 def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
     axes = normalize_axes(Op.SUM, axis, x.ndim)
     count = math.prod(x.shape[a] for a in axes)
-    return sum(_floating(x), axes, keepdims) * (1.0 / count if count else math.nan)
+    return _sum(_floating(x), None if axis is None else axes, keepdims) * (1.0 / count if count else math.nan)
 
 
 def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
@@ -94,6 +110,7 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 # dim=/keepdim= wherever axis=/keepdims= are taken (see polygrad.tensor.torch_names); wrapped here,
 # once, so each op keeps one signature in numpy's names.
+_sum, _mean = sum, mean  # unwrapped: Tensor.sum / Tensor.mean call these (their own wrapper took the names)
 sum = accept_torch_names(sum)  # noqa: A001
 mean = accept_torch_names(mean)
 max = accept_torch_names(max)  # noqa: A001

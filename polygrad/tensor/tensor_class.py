@@ -22,14 +22,14 @@ from ..ir.ops import Op
 from ..runtime.registry import resolve
 from .torch_names import accept_torch_names
 
-from .elementwise import _compare, abs, add, clip, div, maximum, minimum, mul, pow, sigmoid, sub  # noqa: A004
+from .elementwise import _compare, _constant, abs, add, clip, div, maximum, minimum, mul, pow, sigmoid, sub  # noqa: A004
 from .creation import _filled, _rebuild_tensor
 from .args import _floating, _shape_arg
 from .sparse_routing import _sparse
-from .reductions import argmax, argmin, log_softmax, logsumexp, max, mean, min, softmax, sum
+from .reductions import _mean, _sum, argmax, argmin, log_softmax, logsumexp, max, min, softmax
 from .movement import expand, flatten, permute, reshape, squeeze, transpose, unsqueeze
 from .indexing import getitem, index_put, masked_fill, nonzero
-from .linalg import matmul
+from .linalg import _dense_matmul, matmul
 
 
 class Tensor(TensorBase):
@@ -240,17 +240,52 @@ class Tensor(TensorBase):
         self.grad = None
 
     # -- operators ------------------------------------------------------------------------------
-    def __add__(self, other): return add(self, other)
-    def __radd__(self, other): return add(other, self)
+    # Fast paths, each what the function beside it does for these operands: two plain dense
+    # tensors (never sparse, nothing to wrap) go straight to the primitive; a Python int or float
+    # next to a floating tensor becomes a cached constant of its dtype (elementwise._constant).
+    def __add__(self, other):
+        if type(self) is Tensor:
+            if type(other) is Tensor:
+                return apply(_ADD, (self, other))
+            if type(other) in _NUMBER and self.dtype.kind == "f":
+                return apply(_ADD, (self, _constant(other, self.dtype, self._be)))
+        return add(self, other)
+
+    def __radd__(self, other):
+        if type(self) is Tensor and type(other) in _NUMBER and self.dtype.kind == "f":
+            return apply(_ADD, (_constant(other, self.dtype, self._be), self))
+        return add(other, self)
+
     def __sub__(self, other): return sub(self, other)
-    def __rsub__(self, other): return sub(other, self)
-    def __mul__(self, other): return mul(self, other)
-    def __rmul__(self, other): return mul(other, self)
+
+    def __rsub__(self, other):
+        if type(self) is Tensor and type(other) in _NUMBER and self.dtype.kind == "f":
+            return apply(_ADD, (_constant(other, self.dtype, self._be), apply(_NEG, (self,))))
+        return sub(other, self)
+
+    def __mul__(self, other):
+        if type(self) is Tensor:
+            if type(other) is Tensor:
+                return apply(_MUL, (self, other))
+            if type(other) in _NUMBER and self.dtype.kind == "f":
+                return apply(_MUL, (self, _constant(other, self.dtype, self._be)))
+        return mul(self, other)
+
+    def __rmul__(self, other):
+        if type(self) is Tensor and type(other) in _NUMBER and self.dtype.kind == "f":
+            return apply(_MUL, (_constant(other, self.dtype, self._be), self))
+        return mul(other, self)
+
     def __truediv__(self, other): return div(self, other)
     def __rtruediv__(self, other): return div(other, self)
     def __pow__(self, other): return pow(self, other)
     def __rpow__(self, other): return pow(other, self)
-    def __matmul__(self, other): return matmul(self, other)
+
+    def __matmul__(self, other):
+        if type(self) is Tensor and type(other) is Tensor:
+            return _dense_matmul(self, other)
+        return matmul(self, other)
+
     def __rmatmul__(self, other): return matmul(other, self)
     def __neg__(self): return apply(Op.NEG, (self,))
     def __pos__(self): return self
@@ -291,7 +326,7 @@ class Tensor(TensorBase):
     def exp(self): return apply(Op.EXP, (_floating(self),))
     def log(self): return apply(Op.LOG, (_floating(self),))
     def tanh(self): return apply(Op.TANH, (_floating(self),))
-    def relu(self): return apply(Op.RELU, (self,))
+    def relu(self): return apply(_RELU, (self,))
     def reciprocal(self): return apply(Op.RECIPROCAL, (_floating(self),))
     def sigmoid(self): return sigmoid(self)
     def sqrt(self): return _floating(self) ** 0.5
@@ -301,8 +336,8 @@ class Tensor(TensorBase):
     def clip(self, lo=None, hi=None): return clip(self, lo, hi)
 
     # -- reductions -----------------------------------------------------------------------------
-    def sum(self, axis=None, keepdims: builtins.bool = False): return sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims: builtins.bool = False): return mean(self, axis, keepdims)
+    def sum(self, axis=None, keepdims: builtins.bool = False): return _sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims: builtins.bool = False): return _mean(self, axis, keepdims)
     def max(self, axis=None, keepdims: builtins.bool = False): return max(self, axis, keepdims)
     def min(self, axis=None, keepdims: builtins.bool = False): return min(self, axis, keepdims)
     def argmax(self, axis=None, keepdims: builtins.bool = False): return argmax(self, axis, keepdims)
@@ -395,6 +430,8 @@ class Tensor(TensorBase):
 
 
 _make = Tensor._make
+_NUMBER = frozenset({int, float})  # the Python numbers a floating tensor takes as constants of its dtype
+_ADD, _MUL, _NEG, _RELU = Op.ADD, Op.MUL, Op.NEG, Op.RELU  # (an Enum member lookup is not free)
 TensorBase._new = staticmethod(Tensor._make)  # how the lower layers, and this package's functions, make tensors
 
 

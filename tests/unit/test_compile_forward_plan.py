@@ -17,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import polygrad as pg
+from polygrad.ir.ops import Op
 
 from .test_compile_modes import assert_bitwise
 
-OPS = ["add", "mul", "sub_x", "relu", "tanh", "scale", "matmul", "sum_keep", "square"]
+OPS = ["add", "mul", "sub_x", "relu", "tanh", "scale", "matmul", "sum_keep", "square", "rsub", "int_scale",
+       "mean_all", "promote", "radd_zero"]
 VARIATIONS = ["same", "same", "op", "param", "shape", "rg", "no_grad", "drop_tail", "keep_grads", "rg_late"]
 BACKWARDS = ["one", "one", "none", "two"]
 CALLS = 6
@@ -52,6 +54,17 @@ def _op(h: Any, kind: str, p: Any, x: Any) -> Any:
         return h @ p.T.relu()  # [n, 3] @ [3, 3]: same shape back
     if kind == "sum_keep":
         return h.sum(axis=1, keepdims=True) + h
+    if kind == "rsub":
+        return 1 - h  # a Python int and a negation: the front end's scalar path, a cached constant
+    if kind == "int_scale":
+        return h * 2
+    if kind == "mean_all":
+        return h.mean() + h  # a reduction over all axes: attributes shared between calls
+    if kind == "promote":
+        xi = (x * 4).cast(pg.int64)
+        return (h.cast(pg.float32) + xi).cast(pg.float64)  # float32 + int64: the int64 is cast first
+    if kind == "radd_zero":
+        return 0 + h
     return h * h
 
 
@@ -233,3 +246,42 @@ def test_kept_inputs_follow_the_argument_not_the_plan(kinds: list) -> None:
         h = base.relu() if kind == "relu" else base.exp() if kind == "exp" else base * 2.0
         eager_layout = _graph_layout(step(h))
         assert _graph_layout(fn(h)) == eager_layout, kind
+
+
+@pytest.mark.parametrize("kind", ["promote", "slow_entry", "scalars"])
+def test_steady_steps_stay_on_their_plan(kind: str) -> None:
+    """Ops the plan is asked about after dispatch's own work (an int64 operand of a float32 one:
+    cast first) or that it runs through the full apply (an index-array attribute: a slow entry)
+    keep the call on its plan, entry for entry, as the plain ones do; and the numbers are eager's."""
+    rng = np.random.default_rng(2)
+    w = pg.tensor(rng.normal(size=(3, 3)), requires_grad=True)
+    x32 = pg.tensor(rng.normal(size=(4, 3)).astype(np.float32))
+    xi = pg.tensor(np.arange(12).reshape(4, 3))
+    rows = np.array([0, 2, 3])
+
+    def step() -> float:
+        w.grad = None
+        h = x32.cast(pg.float64) @ w
+        if kind == "promote":
+            h = (h.cast(pg.float32) + xi).cast(pg.float64)  # float32 + int64: the int64 is cast
+        elif kind == "slow_entry":
+            h = h[rows] * 2.0
+        else:
+            h = 1 - (0.5 * h + 2) * 3
+        loss = h.relu().mean()
+        loss.backward()
+        with pg.no_grad():
+            w.update_(w - 0.1 * w.grad)
+        return loss.item()
+
+    eager = [step() for _ in range(5)]
+    w.update_(pg.tensor(np.random.default_rng(2).normal(size=(3, 3))))
+    fn = pg.compile(step)
+    compiled = [fn()]
+    recorded = [e.op for e in fn._forward_plan]  # what the first call issued, recorded by the full apply
+    assert kind != "promote" or recorded.count(Op.CAST) == 4
+    compiled += [fn() for _ in range(4)]
+    assert_bitwise(compiled, eager, kind)
+    assert fn.stats["forward_left"] == 1  # only the first call (which had no plan) left it
+    assert [e.op for e in fn._forward_plan] == recorded
+    assert fn.plans.stats["shortcut"] >= 3
