@@ -181,6 +181,16 @@ def declared_dtypes(backend: "Backend") -> tuple[str, ...]:
     return DEFAULT_DTYPES if backend.dtypes is None else tuple(backend.dtypes)
 
 
+def sum_dtype(backend: "Backend", dtype: np.dtype) -> np.dtype:
+    """The dtype of an integer ``sum`` on ``backend`` where inference says ``dtype`` (int64:
+    PyTorch's rule): on a backend that does not declare it, the widest integer dtype it declares
+    (JAX without its 64-bit mode sums ints in int32, and so does polygrad there)."""
+    if backend.dtypes is None or dtype.name in backend.dtypes:
+        return dtype
+    ints = [np.dtype(d) for d in backend.dtypes if np.dtype(d).kind == dtype.kind]
+    return max(ints, key=lambda d: d.itemsize) if ints else dtype
+
+
 def supports_dtype(backend: "Backend", dtype: np.dtype) -> bool:
     """Whether ``backend`` may hold arrays of ``dtype`` (every dtype when it declares none)."""
     return backend.dtypes is None or dtype.name in backend.dtypes

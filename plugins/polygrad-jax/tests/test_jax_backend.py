@@ -140,3 +140,21 @@ def test_a_compiled_step_draws_and_updates_on_device_and_equals_its_eager_run() 
     assert len(calls) == 6   # and four parameter updates
     assert opt.step_count == 6 and all(isinstance(v, jax.Array) for st in opt.state.values()
                                        for v in st.values() if not isinstance(v, int))
+
+
+def test_without_64_bit_mode_integer_sums_are_int32_and_the_kit_passes() -> None:
+    """POLYGRAD_JAX_X64=0 (JAX's default float32/int32): the backend declares no int64, so integer
+    sums are int32 (as JAX's own), with no fallback; the kit skips casts to 64-bit dtypes."""
+    import os
+    import subprocess
+    code = ("import warnings, numpy as np, polygrad as pg\n"
+            "warnings.simplefilter('error', pg.errors.FallbackWarning)\n"
+            "from polygrad.testing.conformance import run_conformance\n"
+            "t = pg.tensor(np.array([1, 2, 3], np.int32), backend='jax')\n"
+            "assert t.sum().dtype == np.int32 and t.sum().item() == 6\n"
+            "r = run_conformance('jax', ops=['sum', 'cast'])\n"
+            "assert r.ok, [f.message for f in r.failures[:3]]\n")
+    env = {**os.environ, "POLYGRAD_JAX_X64": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-W", "ignore::UserWarning", "-c", code], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
