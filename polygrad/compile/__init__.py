@@ -121,9 +121,10 @@ does not: layouts are part of the capture).  A backend opts out with ``supports_
 from __future__ import annotations
 
 from .api import Compiled, compile  # noqa: A004 - pg.compile, like torch.compile
-from .program import (Arg, AssertFinite, Backward, Capture, CompileError, Entry, Fresh, Fused, Grad, Host,
-                      Kernel, Load, SetData, SetGrad)
-from .recorder import fresh, host_call
+from .program import (Arg, AssertFinite, Backward, Call, Capture, CompileError, Entry, Fresh, Fused, Grad, Host,
+                      Kernel, Load, SetData, SetGrad, SetState, StaleCapture, State)
+from .recorder import fresh, host_call, keyed_call
 
-__all__ = ["compile", "Compiled", "CompileError", "fresh", "host_call", "Capture", "Entry", "Load", "Arg", "Grad",
-           "Kernel", "Fused", "Fresh", "Host", "SetGrad", "SetData", "Backward", "AssertFinite"]
+__all__ = ["compile", "Compiled", "CompileError", "fresh", "host_call", "keyed_call", "Capture", "Entry", "Load",
+           "Arg", "Grad", "Kernel", "Fused", "Fresh", "Host", "SetGrad", "SetData", "Backward", "AssertFinite",
+           "Call", "State", "SetState", "StaleCapture"]

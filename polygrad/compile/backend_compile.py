@@ -3,35 +3,41 @@
 ``pg.compile(step, pure=True)`` records a step as a typed program (``polygrad.compile``) and
 replays it kernel by kernel.  A backend that can compile a whole dataflow graph (JAX: one
 ``jax.jit``) receives the program's *kernel region* instead -- every forward and fused backward
-kernel of the step, with the slots they read from outside and the slots the rest of the step
-reads -- and returns one callable for it.  polygrad keeps everything else as it is:
+kernel of the step, the optimizer's updates (``Call`` entries of each parameter's update rule) and
+the dropout masks a backend draws itself (``Call`` entries of its ``random_mask``), with the slots
+they read from outside and the slots the rest of the step reads -- and returns one callable for it.
+polygrad keeps everything else as it is:
 
 * **guards**: a call replays (compiled or not) only when the capture's guards hold;
-* **the rest of the step**: reading the arguments and parameters, random draws (dropout masks,
-  drawn on the host from ``pg.manual_seed``'s generator in eager order, then handed over),
-  gradients written, the optimizer's host calls, events and the result, run as in a replay;
+* **the host numbers** of each ``Call`` (learning rate, bias corrections, a random key drawn from
+  ``pg.manual_seed``'s generator), computed on the host before the callable runs, in program order,
+  and passed to it as arguments;
+* **the rest of the step**: reading the arguments, parameters and optimizer state, host-drawn
+  dropout masks (backends without ``random_mask``), gradients, parameters and state written, the
+  optimizer's host calls (``zero_grad``, its step counters), events and the result, run as in a replay;
 * **fallbacks**: a compiled callable that raises, or returns the wrong number of arrays or a
   shape the capture did not see, is reported once (``FallbackWarning``, the ``polygrad_fallback``
   event with op ``"compiled-step"``, ``pg.stats()["fallbacks"]``), never called again for that
-  capture, and the region's kernels run one by one instead, in the same call -- so a failing
-  compiled step still gives the replay's numbers; a kernel that fails then drops the capture and
-  the call re-runs eagerly, as in any replay;
+  capture, and the region's entries run one by one instead, in the same call and with the same
+  host numbers -- so a failing compiled step still gives the replay's numbers; a kernel that fails
+  then drops the capture and the call re-runs eagerly, as in any replay;
 * **validation and events**: with ``POLYGRAD_VALIDATE`` or an op/backward listener, steps replay
   through the interpreter, kernel by kernel, and the compiled callable is not used.
 
-The region is the run of program entries from the first kernel to the last one; it is offered
-only when no host code runs inside it (no optimizer call, no storage or gradient written between
-two kernels: what a step written as forward / backward / ``opt.step()`` gives) and all its kernels
-are on one backend.  Otherwise the step replays as usual.
+The region is the run of program entries from the first kernel or call to the last one; it is
+offered only when no host code runs inside it (no optimizer host call, no storage or gradient
+written between two kernels: what a step written as forward / backward / ``opt.step()`` gives,
+when the optimizer's updates are rules on raw arrays) and all its kernels are on one backend.
+Otherwise the step replays as usual.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from .program import (ARG as _ARG, ASSERT_FINITE as _ASSERT_FINITE, FRESH as _FRESH, FUSED as _FUSED,
-                          GRAD as _GRAD, HOST as _HOST, KERNEL as _KERNEL, LOAD as _LOAD,
-                          SET_DATA as _SET_DATA, SET_GRAD as _SET_GRAD, _HostFailed, _NotFinite, _reads,
-                          _result_slots)
+from .program import (ARG as _ARG, ASSERT_FINITE as _ASSERT_FINITE, BACKWARD as _BACKWARD, CALL as _CALL,
+                      FRESH as _FRESH, FUSED as _FUSED, GRAD as _GRAD, HOST as _HOST, KERNEL as _KERNEL, LOAD as _LOAD,
+                      SET_DATA as _SET_DATA, SET_GRAD as _SET_GRAD, SET_STATE as _SET_STATE, STATE as _STATE,
+                      _HostFailed, _NotFinite, _numbers, _reads, _result_slots)
 from .rewrite import _all_finite
 from ..engine.dispatch import note_fallback, registry
 from ..ir.errors import PolygradError
@@ -39,19 +45,27 @@ from ..ir.errors import PolygradError
 #: the op name compiled-step fallbacks are reported under (events, warnings, ``pg.stats()``)
 COMPILED_STEP = "compiled-step"
 #: entries that may sit inside the region: they read state, or draw, but run no host code
-_REGION_KINDS = frozenset({_LOAD, _ARG, _GRAD, _KERNEL, _FUSED, _FRESH, _ASSERT_FINITE})
+#: (``Backward`` only fires an event, and with a listener a step replays through the interpreter)
+_REGION_KINDS = frozenset({_LOAD, _ARG, _GRAD, _STATE, _KERNEL, _FUSED, _CALL, _FRESH, _ASSERT_FINITE, _BACKWARD})
+#: the entries a compiled callable computes
+_COMPUTED = (_KERNEL, _FUSED, _CALL)
+#: the region's entries that read what the compiled callable needs, run on the host before it
+_READS = (_LOAD, _ARG, _GRAD, _STATE, _FRESH)
 
 
 class KernelProgram(NamedTuple):
-    """What a backend compiles: ``entries`` (the step's ``Kernel`` and ``Fused`` program entries,
-    in order), ``inputs`` (the slots they read that no entry of theirs writes: pass them in this
-    order), ``outputs`` (the slots the rest of the step reads: return them in this order), ``meta``
-    (slot -> ``(backend, shape, dtype)``) and ``backend`` (the one backend all entries run on).
+    """What a backend compiles: ``entries`` (the step's ``Kernel``, ``Fused`` and ``Call`` program
+    entries, in order), ``inputs`` (the slots they read that no entry of theirs writes: pass them in
+    this order), ``outputs`` (the slots the rest of the step reads: return them in this order),
+    ``meta`` (slot -> ``(backend, shape, dtype)``) and ``backend`` (the one backend all entries run on).
 
-    A compiled callable is ``fn(*input_arrays) -> sequence of output arrays``: it must compute what
-    calling each entry's kernel in order does (``Kernel``: ``tables[key](*inputs, **attrs)`` into
-    slot ``out``; ``Fused``: ``vjp_tables[key](*inputs, **kwargs)`` into ``outs``, -1 not wanted),
-    read nothing else that changes between calls, and write nothing (polygrad writes the results)."""
+    A compiled callable is ``fn(*input_arrays, numbers) -> sequence of output arrays``: it must
+    compute what calling each entry in order does (``Kernel``: ``tables[key](*inputs, **attrs)``
+    into slot ``out``; ``Fused``: ``vjp_tables[key](*inputs, **kwargs)`` into ``outs``, -1 not
+    wanted; ``Call``: ``fn(*inputs, *numbers[j], **attrs)`` into ``outs``, with ``numbers[j]`` the
+    tuple of Python numbers polygrad computed on the host for the ``j``-th ``Call`` of this call:
+    a compiler passes them as traced arguments, not constants), read nothing else that changes
+    between calls, and write nothing (polygrad writes the results)."""
     entries: tuple
     inputs: tuple
     outputs: tuple
@@ -64,27 +78,33 @@ def _writes(e: tuple) -> list[int]:
         return [e[5]]
     if e[0] == _FUSED:
         return [s for s in e[5] if s >= 0]
+    if e[0] == _CALL:
+        return list(e[6])
     return []
+
+
+def _inputs(e: tuple) -> tuple:
+    return e[5] if e[0] == _CALL else e[3]
 
 
 def kernel_region(cap: Any) -> tuple[int, int, KernelProgram] | None:
     """(first, end, program) of ``cap``'s kernel region, or None when it has none to offer."""
     program = cap.program
-    kernels = [n for n, e in enumerate(program) if e[0] in (_KERNEL, _FUSED)]
+    kernels = [n for n, e in enumerate(program) if e[0] in _COMPUTED]
     if not kernels:
         return None
     first, end = kernels[0], kernels[-1] + 1
     region = program[first:end]
     if any(e[0] not in _REGION_KINDS for e in region):
         return None
-    backends = {e[1] for e in region if e[0] in (_KERNEL, _FUSED)}
+    backends = {e[1] for e in region if e[0] in _COMPUTED}
     if len(backends) != 1:
         return None
     written: set[int] = set()
     inputs: list[int] = []
     for e in region:
-        if e[0] in (_KERNEL, _FUSED):
-            for slot in e[3]:
+        if e[0] in _COMPUTED:
+            for slot in _inputs(e):
                 if slot not in written and slot not in inputs:
                     inputs.append(slot)
             written.update(_writes(e))
@@ -95,7 +115,7 @@ def kernel_region(cap: Any) -> tuple[int, int, KernelProgram] | None:
     for e in program[end:]:
         read_later.update(_reads(e))
     outputs = tuple(s for s in sorted(written) if s in read_later)
-    entries = tuple(e for e in region if e[0] in (_KERNEL, _FUSED))
+    entries = tuple(e for e in region if e[0] in _COMPUTED)
     return first, end, KernelProgram(entries, tuple(inputs), outputs, cap.meta, backends.pop())
 
 
@@ -144,20 +164,21 @@ class CompiledStep:
         buf: list = [None] * len(cap.meta)
         self._host_entries(cap.program[:self.first], buf, flat)
         region = cap.program[self.first:self.end]
-        self._host_entries([e for e in region if e[0] in (_LOAD, _ARG, _GRAD, _FRESH)], buf, flat)
-        if not self._run_compiled(buf):
-            self._run_kernels(buf, tables, vjp_tables)
+        self._host_entries([e for e in region if e[0] in _READS], buf, flat)
+        numbers = [_numbers(e) for e in self.program.entries if e[0] == _CALL]  # host numbers, in program order
+        if not self._run_compiled(buf, numbers):
+            self._run_kernels(buf, tables, vjp_tables, numbers)
         self._host_entries([e for e in region if e[0] == _ASSERT_FINITE], buf, flat)
         self._host_entries(cap.program[self.end:], buf, flat)
         return self.result(cap.spec, buf, cap.meta, flat)
 
-    def _run_compiled(self, buf: list) -> bool:
+    def _run_compiled(self, buf: list, numbers: list) -> bool:
         compiled, program = self.compiled, self.program
         if compiled is None:
             return False
         be = program.backend
         try:
-            outs = list(compiled(*[buf[s] for s in program.inputs]))
+            outs = list(compiled(*[buf[s] for s in program.inputs], numbers))
             if len(outs) != len(program.outputs):
                 raise PolygradError(f"the compiled step returned {len(outs)} arrays for {len(program.outputs)} outputs")
             for slot, array in zip(program.outputs, outs):
@@ -173,12 +194,21 @@ class CompiledStep:
         self.calls += 1
         return True
 
-    def _run_kernels(self, buf: list, tables: dict, vjp_tables: dict) -> None:
-        """The region kernel by kernel (a fault propagates: the call re-runs eagerly)."""
+    def _run_kernels(self, buf: list, tables: dict, vjp_tables: dict, numbers: list) -> None:
+        """The region kernel by kernel, with the host numbers already computed (a fault propagates:
+        the call re-runs eagerly)."""
         meta = self.cap.meta
+        calls = iter(numbers)
         for e in self.program.entries:
             be = e[1]
-            if e[0] == _KERNEL:
+            if e[0] == _CALL:
+                arrays = e.fn(*[buf[i] for i in e.inputs], *next(calls), **e.attrs)
+                for slot, array in zip(e.outs, arrays):
+                    if be.shape(array) != meta[slot][1]:
+                        raise PolygradError(f"replayed call of {getattr(e.fn, '__qualname__', e.fn)} returned "
+                                            f"shape {be.shape(array)}, the capture saw {meta[slot][1]}")
+                    buf[slot] = array
+            elif e[0] == _KERNEL:
                 array = tables[be.name][e[2]](*[buf[i] for i in e[3]], **e[4])
                 if be.shape(array) != e[6]:
                     raise PolygradError(f"replayed kernel for op '{e[2][0]}' returned shape {be.shape(array)}, "
@@ -202,6 +232,10 @@ class CompiledStep:
                 buf[e[1]] = e[2]._data
             elif kind == _ARG:
                 buf[e[1]] = flat[e[2]]._data
+            elif kind == _STATE:
+                buf[e[1]] = e[2].state[e[3]][e[4]]
+            elif kind == _SET_STATE:
+                e[1].state[e[2]][e[3]] = buf[e[4]]
             elif kind == _GRAD:
                 g = e[2].grad
                 if g is None:

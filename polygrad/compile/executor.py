@@ -14,9 +14,9 @@ from ..engine.dispatch import fallback, registry, validate_against_reference
 from ..ir.errors import PolygradError
 from ..sparse import SparseTensor
 from ..tensor import Tensor
-from .program import (ARG, ASSERT_FINITE, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA,
-                      SET_GRAD, Capture, _call_source, _HostFailed, _NotFinite, _ReplayFault, _reads,
-                      _result_slots, _shape_check_source, _ShapeMismatch)
+from .program import (ARG, ASSERT_FINITE, BACKWARD, CALL, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA,
+                      SET_GRAD, SET_STATE, STATE, Capture, _call_source, _HostFailed, _NotFinite, _numbers,
+                      _ReplayFault, _reads, _result_slots, _shape_check_source, _ShapeMismatch)
 from .backend_compile import offer
 from .rewrite import _all_finite, _push_row_gathers
 
@@ -115,7 +115,8 @@ def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict
                            "FINITE": _all_finite, "NotFinite": _NotFinite, "Fault": _ReplayFault,
                            "RESULT": _result, "SPEC": cap.spec, "META": cap.meta, "Mismatch": _ShapeMismatch,
                            "CHECK": _check_kernel, "BWD": _backward_event, "FALLBACK": _fallback_in_place,
-                           "PERF": time.perf_counter, "GONE": _gone}
+                           "PERF": time.perf_counter, "GONE": _gone,
+                           "NUMBERS": _numbers}
     stepped = False
     body: list[list[str]] = []      # the lines of each entry
     reads: list[list[int]] = []     # the slots each entry reads
@@ -187,6 +188,19 @@ def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict
                     lines += [f"b{slot} = r[{i}]", shape_check(f"b{slot}", be, cap.meta[slot][1])]
             if stepped:
                 lines = guarded(lines, ["raise Fault(exc, True) from exc"])
+        elif kind == CALL:
+            _, be, fn, attrs, numbers, ins, outs = e
+            kw = call_args((), attrs)
+            args = [*(f"b{i}" for i in ins), f"*NUMBERS({const(e)})", *([kw] if kw else [])]
+            lines = [f"r = {const(fn)}({', '.join(args)})"]
+            for i, slot in enumerate(outs):
+                lines += [f"b{slot} = r[{i}]", shape_check(f"b{slot}", be, cap.meta[slot][1])]
+            if stepped:
+                lines = guarded(lines, ["raise Fault(exc, True) from exc"])
+        elif kind == STATE:
+            lines = [f"b{e[1]} = {const(e[2])}.state[{e[3]!r}][{e[4]!r}]"]
+        elif kind == SET_STATE:
+            lines = [f"{const(e[1])}.state[{e[2]!r}][{e[3]!r}] = b{e[4]}"]
         elif kind == LOAD:
             lines = [f"b{e[1]} = {const(e[2])}._data"]
         elif kind == ARG:

@@ -25,7 +25,8 @@ from ..sparse.pattern import Pattern
 from ..tensor import Tensor
 
 # entry kinds (the first field of every entry)
-LOAD, ARG, GRAD, KERNEL, FUSED, FRESH, HOST, SET_GRAD, SET_DATA, BACKWARD, ASSERT_FINITE = range(11)
+(LOAD, ARG, GRAD, KERNEL, FUSED, FRESH, HOST, SET_GRAD, SET_DATA, BACKWARD, ASSERT_FINITE, CALL, STATE,
+ SET_STATE) = range(14)
 
 
 class Load(NamedTuple):
@@ -126,11 +127,63 @@ class AssertFinite(NamedTuple):
     slot: int
 
 
-Entry = Union[Load, Arg, Grad, Kernel, Fused, Fresh, Host, SetGrad, SetData, Backward, AssertFinite]
+class Call(NamedTuple):
+    """Call ``fn(*inputs, *numbers(), **attrs)``, a pure function of its arrays and numbers written
+    against their array namespace (an optimizer's update rule, a backend's keyed random draw); its
+    i-th result goes to slot ``outs[i]``.  ``numbers`` is host code run when the entry runs: it
+    returns this call's Python numbers (a learning rate, bias corrections, a random key), which
+    change from call to call while ``fn``, ``attrs`` and the slots do not.  A backend that compiles
+    a step traces ``fn`` with the numbers as arguments, so a new learning rate is not a new trace."""
+    kind: int
+    backend: Any
+    fn: Callable[..., Any]
+    attrs: dict
+    numbers: Callable[[], tuple]
+    inputs: tuple
+    outs: tuple
+
+
+class State(NamedTuple):
+    """Read an optimizer's state array ``optimizer.state[key][name]`` (looked up when the entry runs,
+    so a ``load_state_dict`` between calls is seen)."""
+    kind: int
+    slot: int
+    optimizer: Any
+    key: int
+    name: str
+
+
+class SetState(NamedTuple):
+    """``optimizer.state[key][name]`` becomes slot ``slot`` (an optimizer's update of its state)."""
+    kind: int
+    optimizer: Any
+    key: int
+    name: str
+    slot: int
+
+
+Entry = Union[Load, Arg, Grad, Kernel, Fused, Fresh, Host, SetGrad, SetData, Backward, AssertFinite, Call, State,
+              SetState]
 
 
 class CompileError(PolygradError, TypeError):
     """A compiled function was called with an argument it cannot guard."""
+
+
+class StaleCapture(PolygradError):
+    """Raised by a :class:`Call`'s ``numbers`` when what the capture recorded no longer holds (an
+    optimizer's rule changed shape): the replay is a fault, and the call runs eagerly."""
+
+
+def _numbers(call: Any) -> tuple:
+    """``call.numbers()``; an exception from it is host code's (the user's: a bad learning-rate
+    schedule), except :class:`StaleCapture`."""
+    try:
+        return call.numbers()
+    except StaleCapture:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the optimizer's error is the user's
+        raise _HostFailed(exc) from exc
 
 
 class _Refused(Exception):
@@ -194,7 +247,7 @@ class Capture:
         self.program, self.meta = program, meta
         self.spec = spec
         self.fresh_draws = fresh_draws
-        self.kernels = sum(1 for e in program if e[0] in (KERNEL, FUSED))
+        self.kernels = sum(1 for e in program if e[0] in (KERNEL, FUSED, CALL))
         self.fast: Callable[[list, dict, dict], Any] | None = None
         self.checked: Callable[[list, dict, dict], Any] | None = None  # the checked variant, made on demand
         self.guards = guards
@@ -215,8 +268,12 @@ def _reads(e: tuple) -> list[int]:
     kind = e[0]
     if kind in (KERNEL, FUSED):
         return list(e[3])
+    if kind == CALL:
+        return list(e[5])
     if kind in (SET_DATA,):
         return [e[2]]
+    if kind == SET_STATE:
+        return [e[4]]
     if kind == ASSERT_FINITE:
         return [e[1]]
     out: list[int] = []
@@ -237,11 +294,11 @@ def _dataflow(program: list) -> tuple[dict[int, list[int]], dict[int, int]]:
             readers.setdefault(slot, []).append(n)
         if e[0] == KERNEL:
             producer[e[5]] = n
-        elif e[0] == FUSED:
-            for slot in e[5]:
+        elif e[0] in (FUSED, CALL):
+            for slot in e[5 if e[0] == FUSED else 6]:
                 if slot >= 0:
                     producer[slot] = n
-        elif e[0] in (LOAD, ARG, GRAD, FRESH):
+        elif e[0] in (LOAD, ARG, GRAD, FRESH, STATE):
             producer[e[1]] = n
     return readers, producer
 
@@ -320,4 +377,9 @@ def _mismatch(a: Capture, b: Capture) -> str | None:
             return "the step wrote gradients or storage of different tensors when captured twice"
         elif x[0] == GRAD and x[2] is not y[2]:
             return "the step wrote gradients or storage of different tensors when captured twice"
+        elif x[0] == CALL:
+            if x[1] is not y[1] or x[2] != y[2] or not _same(x[3], y[3]) or x[5] != y[5] or x[6] != y[6]:
+                return "an optimizer update or random draw ran with a different rule or operands when captured twice"
+        elif x[0] in (STATE, SET_STATE) and x[1:] != y[1:]:  # slots, optimizer (by identity), key, name
+            return "the step read or wrote different optimizer state when captured twice"
     return None

@@ -3,7 +3,7 @@ optimizer, dropout, host reads), all in one place, and the recorder that turns o
 a program."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -12,8 +12,9 @@ from ..ir.ops import kernel_key
 from ..sparse import SparseTensor
 from ..tensor import Tensor
 from .guards import StateGuards, hyperparameters, param_lists
-from .program import (ARG, BACKWARD, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA, SET_GRAD, Arg,
-                      Backward, Capture, Fresh, Fused, Grad, Host, Kernel, Load, SetData, SetGrad, _Refused)
+from .program import (ARG, BACKWARD, CALL, FRESH, FUSED, GRAD, HOST, KERNEL, LOAD, SET_DATA, SET_GRAD, SET_STATE,
+                      STATE, Arg, Backward, Call, Capture, Fresh, Fused, Grad, Host, Kernel, Load, SetData, SetGrad,
+                      SetState, State, _Refused)
 
 
 def fresh(make: Callable[[], Tensor], raw: Callable[[], Any] | None = None) -> Tensor:
@@ -26,6 +27,35 @@ def fresh(make: Callable[[], Tensor], raw: Callable[[], Any] | None = None) -> T
     if rec is not None:
         rec.fresh(raw if raw is not None else make, t, raw is not None)
     return t
+
+
+class _Tupled(NamedTuple):
+    """``fn`` returning its one array as a tuple of one, as a :class:`Call`'s function returns its
+    results; equal to another wrapping an equal ``fn`` (two captures of one draw compare equal)."""
+    fn: Callable[..., Any]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
+        return (self.fn(*args, **kwargs),)
+
+
+def keyed_call(be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple]) -> Any:
+    """``fn(*numbers(), **attrs)``: an array made on backend ``be`` from host numbers alone (a random
+    draw from a key: ``numbers`` draws the key).  A capture records it as a :class:`Call`, so every
+    replay calls ``numbers()`` again (a new key, in eager order) and a backend that compiles the step
+    traces ``fn`` itself (the draw happens on the device)."""
+    drawn = numbers()
+    array = fn(*drawn, **attrs)
+    rec = _recording.get()
+    if rec is not None:
+        rec.call(be, _Tupled(fn), attrs, numbers, (), (array,))
+    return array
+
+
+def update_recorder() -> "_Recorder | None":
+    """The capture running now, if any: an optimizer whose update rules are pure array functions
+    reports each parameter's update to it (:meth:`_Recorder.update`) instead of stepping as host
+    code, so the update becomes part of the program a backend may compile."""
+    return _recording.get()
 
 
 def host_call(method: Callable[..., Any], idempotent: bool, replayable: bool = True) -> None:
@@ -55,6 +85,10 @@ def note_group_write(key: str, frame: Any) -> None:
     if rec is not None and not str(frame.f_globals.get("__name__", "")).startswith("polygrad.optim"):
         rec.refuse(f"the step sets an optimizer's {key!r} in Python (a warm-up?); a replay would not "
                    "(a scheduler's step() is replayed: use one)")
+
+
+def _state_of(optimizer: Any, key: int, name: str) -> Any:
+    return optimizer.state.get(key, {}).get(name)
 
 
 # -- the recorder -------------------------------------------------------------------------------------
@@ -89,6 +123,8 @@ class _Recorder:
         self.module_guard: dict[int, tuple[Any, bool]] = {}    # id(module) -> (module, training)
         self.optimizer_guard: dict[int, tuple[Any, tuple]] = {}  # id(optimizer) -> (it, its param lists)
         self.array_guard: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(array) -> (it, a copy)
+        # optimizer state arrays an update read or wrote: (optimizer, key, name) -> [the array at the last sync]
+        self.state_cells: dict[tuple[int, int, str], list] = {}
         # each optimizer's hyperparameters (lr...) as host calls left them: a change between two
         # host calls is Python setting them, which a replay would not repeat
         self.hyper: dict[int, tuple[Any, tuple]] = {id(o): (o, hyperparameters(o)) for o in optimizers}
@@ -154,6 +190,8 @@ class _Recorder:
                 self.hyper[key] = (opt, hyperparameters(opt))
             for t, _ in self.watched:
                 self.baseline[id(t)] = [t.grad, t._data]
+            for cell in self.state_cells.values():
+                cell[3] = _state_of(cell[0], cell[1], cell[2])
 
     def _value(self, g: Any) -> tuple:
         """How a replay rebuilds tensor ``g`` (a gradient, a result)."""
@@ -182,6 +220,16 @@ class _Recorder:
                     return
                 self.program.append(SetData(SET_DATA, ref, slot))
                 base[1] = d
+        for cell in self.state_cells.values():
+            opt, key, name, seen = cell
+            now = _state_of(opt, key, name)
+            if now is not seen:
+                slot = self.slot_of.get(id(now))
+                if slot is None:
+                    self.refuse("an optimizer's state was replaced outside its recorded update")
+                    return
+                self.program.append(SetState(SET_STATE, opt, key, name, slot))
+                cell[3] = now
 
     # what dispatch, autodiff, the optimizer and dropout report
     def kernel(self, op, layout: str, be, inputs: tuple, attrs: dict, result: Tensor) -> None:
@@ -211,6 +259,42 @@ class _Recorder:
         slot = self._produce(t._data, t._be, t.shape, t.dtype)
         self.computed.add(id(t._data))
         self.program.append(Fresh(FRESH, slot, make, raw))
+
+    def call(self, be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple], inputs: tuple,
+             outs: tuple) -> None:
+        """A :class:`Call` of ``fn`` on ``inputs`` (slots) that returned the arrays ``outs``."""
+        if self.problem is not None:
+            return
+        self._settle()
+        if not getattr(be, "supports_replay", True):
+            self.refuse(f"backend {be.name!r} does not support replay")
+            return
+        slots = tuple(self._produce(a, be, tuple(be.shape(a)), be.dtype(a)) for a in outs)
+        self.computed.update(id(a) for a in outs)
+        self.program.append(Call(CALL, be, fn, dict(attrs), numbers, inputs, slots))
+
+    def update(self, optimizer: Any, key: int, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple],
+               leaf: Tensor, grad: Tensor, reads: tuple, before: tuple, writes: tuple, outs: tuple) -> None:
+        """``optimizer`` updated parameter ``leaf`` (``optimizer.state[key]`` its state): ``outs =
+        fn(leaf, grad, *before, *numbers(), **attrs)``, ``before`` the state arrays named ``reads``;
+        ``outs[0]`` becomes the parameter's storage and ``outs[1:]`` the state named ``writes``
+        (recorded at the next sync, as :class:`SetData` and :class:`SetState`)."""
+        if self.problem is not None:
+            return
+        self._settle()
+        ins = [self._input(leaf), self._input(grad)]
+        for name, array in zip(reads, before):
+            slot = self.slot_of.get(id(array))
+            if slot is None:
+                slot = self._produce(array, leaf._be, tuple(leaf._be.shape(array)), leaf._be.dtype(array))
+                self.program.append(State(STATE, slot, optimizer, key, name))
+            ins.append(slot)
+        for name in writes:
+            cell = (id(optimizer), key, name)
+            if cell not in self.state_cells:
+                self.keep.append(optimizer)
+                self.state_cells[cell] = [optimizer, key, name, _state_of(optimizer, key, name)]
+        self.call(leaf._be, fn, attrs, numbers, tuple(ins), outs)
 
     def module(self, m: Any) -> None:
         if id(m) not in self.module_guard:
@@ -292,7 +376,7 @@ class _Recorder:
         spec = self._output(out)
         if self.problem is not None:
             raise _Refused(self.problem)
-        fresh_draws = any(e[0] == FRESH for e in self.program)
+        fresh_draws = any(e[0] in (FRESH, CALL) for e in self.program)  # a Call may draw a key
         guards = StateGuards(self.grad_guard, self.host_guards, self.requires_grad_guard,
                              list(self.module_guard.values()), list(self.optimizer_guard.values()),
                              list(self.array_guard.values()))

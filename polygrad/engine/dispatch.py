@@ -34,6 +34,7 @@ from ..runtime.events import hook_failures
 from .graph import Node, saved_inputs
 from .inference import _RULES as _infer_rules
 from ..ir.ops import NON_DIFFERENTIABLE, Op, kernel_key
+from ..runtime.backend import sum_dtype
 from ..runtime.registry import registry
 
 _grad_enabled: ContextVar[bool] = ContextVar("polygrad_grad_enabled", default=True)
@@ -203,6 +204,8 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
         shape, dtype = _infer_rules[op](op, shapes, dtypes, attrs)
     else:  # pg.compile's default mode: inference is a pure function of what the key holds
         shape, dtype = _memo_infer(memo, op, shapes, dtypes, attrs)
+    if op is Op.SUM and be.dtypes is not None and dtype.kind in "iu":  # a backend without int64
+        dtype = sum_dtype(be, dtype)
     # the memory budget is checked before the kernel allocates, from the inferred output size
     need = math.prod(shape) * dtype.itemsize
     if need >= memory.CHECK_FLOOR:  # below it: no check, and no message built on the hot path

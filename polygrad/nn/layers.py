@@ -8,7 +8,7 @@ import numpy as np
 import polygrad as pg
 from polygrad.runtime.pool import HOST_POOL
 from polygrad.runtime.random_blocks import draw_raw_in_blocks
-from polygrad.compile import fresh
+from polygrad.compile import fresh, keyed_call
 from polygrad.ir.errors import ShapeError
 from polygrad.tensor import Tensor
 
@@ -84,6 +84,13 @@ _ACTIVATIONS: dict[str, Callable[[], Module]] = {"relu": ReLU, "tanh": Tanh, "si
                                                  "identity": Identity, "none": Identity}
 
 
+def random_key() -> tuple[int, int]:
+    """A key for a backend's keyed draw (:attr:`polygrad.Backend.random_mask`): two numbers in
+    ``[0, 2**31)`` from one 64-bit word of ``pg.manual_seed``'s generator."""
+    word = int(pg.rng().bit_generator.random_raw())
+    return word & 0x7FFFFFFF, (word >> 32) & 0x7FFFFFFF
+
+
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout: zero each entry with probability ``p``, scale the rest by ``1/(1-p)``.
 
@@ -126,8 +133,11 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         draw_raw_in_blocks(pg.rng().bit_generator, (size + 3) // 4, DROPOUT_CHUNK // 4, chunk)
         return mask
 
-    # the mask is ours alone: wrapped as it is (pg.tensor would copy it, a second pass over N x F)
-    mask = fresh(lambda: Tensor._make(be.from_numpy(draw()), be, shape, dtype), lambda: be.from_numpy(draw()))
+    if be.random_mask is not None:  # drawn by the backend from a key (Backend.random_mask)
+        attrs = {"shape": shape, "dtype": dtype, "drop_below": int(drop_below), "scale": float(scale)}
+        mask = Tensor._make(keyed_call(be, be.random_mask, attrs, random_key), be, shape, dtype)
+    else:  # the mask is ours alone: wrapped as it is (pg.tensor would copy it, a second pass over N x F)
+        mask = fresh(lambda: Tensor._make(be.from_numpy(draw()), be, shape, dtype), lambda: be.from_numpy(draw()))
     if not pg.is_sparse(x):
         return x * mask
     return x.with_values(x.values * mask)  # same pattern, dropped values (differentiable)

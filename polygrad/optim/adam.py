@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .optimizer import Optimizer, ParamGroup, Schedule
+from .optimizer import Optimizer, ParamGroup, Rule, Schedule, sqrt
 
 __all__ = ["Adam", "AdamW"]
 
@@ -35,24 +35,38 @@ class Adam(Optimizer):
         if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
             raise ValueError(f"{type(self).__name__}: eps must be a finite number > 0, got {eps!r}")
 
-    def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
-        b1, b2 = group["betas"]
-        wd = group["weight_decay"]
-        if wd and not group["decoupled"]:
-            g = g + wd * x
+    def _init_state(self, x: Any, group: ParamGroup, state: dict, fast: bool) -> None:
         if "exp_avg" not in state:
             state["step"] = 0
             state["exp_avg"] = self._zeros_like(x, fast)
             state["exp_avg_sq"] = self._zeros_like(x, fast)
-        t = state["step"] = int(state["step"]) + 1
-        m = state["exp_avg"] = b1 * state["exp_avg"] + (1.0 - b1) * g
-        v = state["exp_avg_sq"] = b2 * state["exp_avg_sq"] + (1.0 - b2) * (g * g)
+
+    def _rule(self, lr: float, group: ParamGroup, state: dict) -> Rule:
+        b1, b2 = group["betas"]
+        wd = group["weight_decay"]
+        t = int(state["step"]) + 1
         bc1 = 1.0 - b1 ** t
         bc2 = 1.0 - b2 ** t
-        denom = self._sqrt(v, fast) * (1.0 / math.sqrt(bc2)) + group["eps"]
-        if wd and group["decoupled"]:
-            x = x * (1.0 - lr * wd)
-        return x - (lr / bc1) * (m / denom)
+        numbers = (wd, b1, 1.0 - b1, b2, 1.0 - b2, 1.0 / math.sqrt(bc2), group["eps"], 1.0 - lr * wd, lr / bc1)
+        attrs = {"coupled": bool(wd and not group["decoupled"]), "decoupled": bool(wd and group["decoupled"])}
+        return Rule(_adam, attrs, numbers, ("exp_avg", "exp_avg_sq"), ("exp_avg", "exp_avg_sq"))
+
+    def _advance_state(self, state: dict) -> None:
+        state["step"] = int(state["step"]) + 1
+
+
+def _adam(x: Any, g: Any, m: Any, v: Any, wd: float, b1: float, c1: float, b2: float, c2: float,
+          inv_sqrt_bc2: float, eps: float, decay: float, step_size: float, *, coupled: bool,
+          decoupled: bool) -> tuple:
+    """Adam's update (``c = 1 - b``; bias corrections folded into ``inv_sqrt_bc2`` and ``step_size``)."""
+    if coupled:
+        g = g + wd * x
+    m = b1 * m + c1 * g
+    v = b2 * v + c2 * (g * g)
+    denom = sqrt(v) * inv_sqrt_bc2 + eps
+    if decoupled:
+        x = x * decay
+    return x - step_size * (m / denom), m, v
 
 
 class AdamW(Adam):

@@ -18,19 +18,39 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
 import polygrad as pg
 from polygrad.compile import host_call
-from polygrad.compile.recorder import note_group_write
+from polygrad.compile import StaleCapture
+from polygrad.compile.recorder import note_group_write, update_recorder
 from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
 from .blocked_update import update_in_blocks
 
-__all__ = ["Optimizer", "ParamGroup"]
+__all__ = ["Optimizer", "ParamGroup", "Rule"]
+
+
+class Rule(NamedTuple):
+    """One parameter's update for one step: ``fn(x, g, *state arrays named reads, *numbers, **attrs)``
+    returns the new ``x`` and the new state arrays named ``writes``.  ``fn`` is pure and written with
+    ``+ - * /`` and :func:`sqrt` only, so it runs on raw arrays of any array-API library, on
+    polygrad tensors, and traced by a backend that compiles a whole step (``pg.compile``); ``numbers``
+    are this step's Python numbers (learning rate, bias corrections), ``attrs`` what selects the
+    arithmetic (weight decay on or off)."""
+    fn: Callable[..., tuple]
+    attrs: dict
+    numbers: tuple
+    reads: tuple
+    writes: tuple
+
+
+def sqrt(x: Any) -> Any:
+    """Square root on either carrier of an update rule (an array-API array or a polygrad tensor)."""
+    return x.__array_namespace__().sqrt(x) if hasattr(x, "__array_namespace__") else x.sqrt()
 
 class ParamGroup(dict):
     """A parameter group: a plain dict ("params" and hyper-parameters, PyTorch's layout) that tells
@@ -163,8 +183,16 @@ class Optimizer:
                     p.values.grad = None
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Update every parameter that has a gradient; returns ``closure()`` if given."""
-        host_call(self.step, idempotent=False, replayable=closure is None)  # pg.compile replays it
+        """Update every parameter that has a gradient; returns ``closure()`` if given.
+
+        While ``pg.compile(pure=True)`` captures a step, an optimizer whose updates are
+        :class:`Rule` s on raw arrays reports each update to the capture (so a backend that compiles
+        whole steps compiles them too); otherwise the step is one host call the replay repeats."""
+        rec = update_recorder() if closure is None else None
+        if rec is not None and not self._recordable():
+            rec = None
+        if rec is None:
+            host_call(self.step, idempotent=False, replayable=closure is None)  # pg.compile replays it
         loss = None
         if closure is not None:
             with pg.enable_grad():
@@ -172,8 +200,9 @@ class Optimizer:
         factor = self.lr_factor()
         homes = self.__dict__.setdefault("_state_homes", {})  # id(param) -> backend its state is on
         undo = self._undo_record()
+        recorded: list[int] = []  # the parameters whose updates a capture recorded
         with pg.no_grad():
-            for group in self.param_groups:
+            for index, group in enumerate(self.param_groups):
                 lr = group["lr"] * factor
                 for p in group["params"]:
                     leaf = _leaf_of(p)
@@ -192,7 +221,10 @@ class Optimizer:
                     if state and homes.get(id(p)) is not leaf._be:
                         _follow(state, leaf, fast)  # the parameter moved (Module.to): its state follows
                     homes[id(p)] = leaf._be
-                    if self.elementwise_update:  # large host arrays: in blocks, on polygrad's threads
+                    if rec is not None:  # pg.compile: the update is recorded for a backend to compile
+                        new = self._recorded_update(rec, index, p, leaf, grad, lr, state)
+                        recorded.append(id(p))
+                    elif self.elementwise_update:  # large host arrays: in blocks, on polygrad's threads
                         new = update_in_blocks(self._update, x, g, lr, group, state, fast)
                     else:
                         new = self._update(x, g, lr, group, state, fast)
@@ -204,7 +236,41 @@ class Optimizer:
                 undo()  # a failed step (a lost worker...) leaves parameters and state as they were
                 raise
         self.step_count += 1
+        if rec is not None:  # a replay advances the step counters after its updates
+            rec.host(_Advance(self, recorded), idempotent=False)
         return loss
+
+    def _recordable(self) -> bool:
+        """Whether a capture can record this step's updates as :class:`Rule` calls: the optimizer
+        defines :meth:`_rule`, and every parameter with a gradient is a dense array-API array with a
+        dense gradient on its backend, which is not lazy."""
+        if type(self)._rule is Optimizer._rule or type(self)._update is not Optimizer._update:
+            return False
+        for p in self._params():
+            leaf = _leaf_of(p)
+            grad = p.grad if p.grad is not None else (leaf.grad if leaf is not p else None)
+            if grad is None:
+                continue
+            if (_is_sparse(p) or _is_sparse(grad) or not (_fast(leaf) and _fast(grad))
+                    or grad.backend != leaf.backend or leaf._be.lazy):
+                return False
+        return True
+
+    def _recorded_update(self, rec: Any, index: int, p: Tensor, leaf: Tensor, grad: Tensor, lr: float,
+                         state: dict) -> Any:
+        """:meth:`_update` on raw arrays, reported to the capture ``rec`` as a call of the rule with
+        numbers a replay derives again from the hyper-parameters and state it then finds."""
+        x = leaf.array
+        self._init_state(x, self.param_groups[index], state, True)
+        rule = self._rule(lr, self.param_groups[index], state)
+        before = tuple(state[n] for n in rule.reads)
+        out = rule.fn(x, grad.array, *before, *rule.numbers, **rule.attrs)
+        rec.update(self, id(p), rule.fn, rule.attrs, _Numbers(self, index, id(p), rule), leaf, grad,
+                   rule.reads, before, rule.writes, out)
+        self._advance_state(state)
+        for name, array in zip(rule.writes, out[1:]):
+            state[name] = array
+        return out[0]
 
     def _undo_record(self) -> Callable[[], None] | None:
         """On lazy backends, how to put every parameter's storage and the state back (else None)."""
@@ -232,8 +298,25 @@ class Optimizer:
         pg.materialize(*(leaf for _, leaf in leaves), *state_tensors)
 
     def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
-        """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier)."""
+        """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier): its
+        :meth:`_rule` applied (a subclass may override this instead, then it steps as host code)."""
+        self._init_state(x, group, state, fast)
+        rule = self._rule(lr, group, state)
+        out = rule.fn(x, g, *[state[n] for n in rule.reads], *rule.numbers, **rule.attrs)
+        self._advance_state(state)
+        for name, array in zip(rule.writes, out[1:]):
+            state[name] = array
+        return out[0]
+
+    def _init_state(self, x: Any, group: ParamGroup, state: dict, fast: bool) -> None:
+        """Create a parameter's state before its first update (Adam's moments); default: none."""
+
+    def _rule(self, lr: float, group: ParamGroup, state: dict) -> Rule:
+        """This step's :class:`Rule` for a parameter with ``state``; reads, never writes, the state."""
         raise NotImplementedError
+
+    def _advance_state(self, state: dict) -> None:
+        """Advance a parameter's counters after its update (Adam's step); default: none."""
 
     @staticmethod
     def _sqrt(x: Any, fast: bool) -> Any:
@@ -362,6 +445,49 @@ class Optimizer:
                            + ", ".join(f"{k}={v}" for k, v in g.items() if k != "params") + "}"
                            for g in self.param_groups)
         return f"{type(self).__name__}({groups})"
+
+
+class _Advance:
+    """A replayed step's host part: the counters its updates advance (what :meth:`Optimizer.step`
+    does besides the updates, which the replay ran as rule calls).  ``__self__`` names the
+    optimizer, as a bound ``step`` would (a capture guards its parameter lists through it)."""
+
+    __slots__ = ("__self__", "keys")
+
+    def __init__(self, opt: Optimizer, keys: list[int]):
+        self.__self__, self.keys = opt, tuple(keys)
+
+    def __call__(self) -> None:
+        opt = self.__self__
+        for key in self.keys:
+            opt._advance_state(opt.state[key])
+        opt.step_count += 1
+
+
+class _Numbers:
+    """A replay's numbers for one parameter's recorded update: the rule again, from the
+    hyper-parameters and state found now; a rule that changed shape (momentum turned on, a new
+    state) is a fault, and the call runs eagerly."""
+
+    __slots__ = ("opt", "index", "key", "rule")
+
+    def __init__(self, opt: Optimizer, index: int, key: int, rule: Rule):
+        self.opt, self.index, self.key, self.rule = opt, index, key, rule
+
+    def __call__(self) -> tuple:
+        opt = self.opt
+        group = opt.param_groups[self.index]
+        lr = group["lr"] * opt.lr_factor()
+        try:
+            rule = opt._rule(lr, group, opt.state[self.key])
+        except KeyError:
+            raise StaleCapture(f"{type(opt).__name__}: a parameter's state was cleared since the step was "
+                               "captured") from None
+        seen = self.rule
+        if rule.fn is not seen.fn or rule.attrs != seen.attrs or rule.reads != seen.reads or rule.writes != seen.writes:
+            raise StaleCapture(f"{type(opt).__name__}: the update rule changed since the step was captured "
+                               "(a hyper-parameter that selects it was set)")
+        return rule.numbers
 
 
 def _fast(t: Tensor) -> bool:

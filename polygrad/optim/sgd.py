@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .optimizer import Optimizer, ParamGroup, Schedule
+from .optimizer import Optimizer, ParamGroup, Rule, Schedule
 
 __all__ = ["SGD"]
 
@@ -32,13 +32,36 @@ class SGD(Optimizer):
         if group["nesterov"] and (m <= 0 or group["dampening"] != 0):
             raise ValueError("SGD: nesterov momentum needs momentum > 0 and dampening = 0")
 
-    def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
+    def _rule(self, lr: float, group: ParamGroup, state: dict) -> Rule:
         wd, momentum = group["weight_decay"], group["momentum"]
-        if wd:
-            g = g + wd * x
-        if momentum:
-            buf = state.get("momentum_buffer")
-            buf = g if buf is None else momentum * buf + (1.0 - group["dampening"]) * g
-            state["momentum_buffer"] = buf
-            g = g + momentum * buf if group["nesterov"] else buf
-        return x - lr * g
+        decay = bool(wd)
+        if not momentum:
+            return Rule(_sgd, {"decay": decay}, (wd, lr), (), ())
+        attrs = {"decay": decay, "nesterov": bool(group["nesterov"])}
+        if state.get("momentum_buffer") is None:  # the first step: the buffer is the gradient
+            return Rule(_sgd_momentum_first, attrs, (wd, momentum, lr), (), ("momentum_buffer",))
+        return Rule(_sgd_momentum, attrs, (wd, momentum, 1.0 - group["dampening"], lr), ("momentum_buffer",),
+                    ("momentum_buffer",))
+
+
+def _sgd(x: Any, g: Any, wd: float, lr: float, *, decay: bool) -> tuple:
+    if decay:
+        g = g + wd * x
+    return (x - lr * g,)
+
+
+def _sgd_momentum_first(x: Any, g: Any, wd: float, momentum: float, lr: float, *, decay: bool,
+                        nesterov: bool) -> tuple:
+    if decay:
+        g = g + wd * x
+    buf = g
+    return x - lr * (g + momentum * buf if nesterov else buf), buf
+
+
+def _sgd_momentum(x: Any, g: Any, buf: Any, wd: float, momentum: float, damp: float, lr: float, *, decay: bool,
+                  nesterov: bool) -> tuple:
+    """``damp = 1 - dampening``."""
+    if decay:
+        g = g + wd * x
+    buf = momentum * buf + damp * g
+    return x - lr * (g + momentum * buf if nesterov else buf), buf

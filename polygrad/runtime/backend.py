@@ -62,6 +62,14 @@ class Backend:
     #: then shares them where it would otherwise copy through the host -- ``fit()``'s best-epoch
     #: snapshots, ``pg.tensor`` of one of its arrays.  ``lazy`` backends are treated as immutable too
     immutable: bool = False
+    #: optional: ``random_mask(k0, k1, *, shape, dtype, drop_below, scale)``, dropout's mask drawn by
+    #: the backend itself (on its device) from a key: ``scale`` where a 16-bit random draw is
+    #: ``>= drop_below``, else 0, of ``shape`` and ``dtype``.  It must be a pure function of its
+    #: arguments (the same key gives the same mask, traced or not); ``k0``, ``k1`` are numbers in
+    #: ``[0, 2**31)`` drawn from ``pg.manual_seed``'s generator, one word per mask.  Declared, dropout
+    #: uses it instead of drawing on the host and uploading (its stream is then the backend's own, still
+    #: reproducible from a seed), and a backend that compiles whole steps traces it into the step.
+    random_mask: Callable[..., Any] | None = None
 
     def __init__(self) -> None:
         # keyed by (op, layout); op is a polygrad.ir.ops.Op (a str enum) or its name
@@ -171,6 +179,16 @@ DEFAULT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
 def declared_dtypes(backend: "Backend") -> tuple[str, ...]:
     """The dtypes ``backend`` declares, or :data:`DEFAULT_DTYPES` when it declares none."""
     return DEFAULT_DTYPES if backend.dtypes is None else tuple(backend.dtypes)
+
+
+def sum_dtype(backend: "Backend", dtype: np.dtype) -> np.dtype:
+    """The dtype of an integer ``sum`` on ``backend`` where inference says ``dtype`` (int64:
+    PyTorch's rule): on a backend that does not declare it, the widest integer dtype it declares
+    (JAX without its 64-bit mode sums ints in int32, and so does polygrad there)."""
+    if backend.dtypes is None or dtype.name in backend.dtypes:
+        return dtype
+    ints = [np.dtype(d) for d in backend.dtypes if np.dtype(d).kind == dtype.kind]
+    return max(ints, key=lambda d: d.itemsize) if ints else dtype
 
 
 def supports_dtype(backend: "Backend", dtype: np.dtype) -> bool:

@@ -40,7 +40,7 @@ from ..engine import grad_rules
 from ..engine import reference
 from ..engine.autodiff import grad as pg_grad
 from ..engine.autodiff import no_grad, unbroadcast
-from ..runtime.backend import Backend, declared_dtypes
+from ..runtime.backend import Backend, declared_dtypes, sum_dtype
 from ..engine.dispatch import apply, kernel_dtypes
 from ..ir.errors import FallbackWarning, PolygradError
 from ..runtime.hookspecs import hookimpl
@@ -192,6 +192,8 @@ def _run_kernel(backend: str, case: Case, check: str) -> tuple[np.ndarray, np.dt
         raise NotApplicable(f"backend {backend!r} provides no kernel for op '{case.op.value}' ({case.layout})")
     shape, dtype = infer(case.op, tuple(a.shape for a in case.inputs), tuple(a.dtype for a in case.inputs),
                          case.attrs)
+    if case.op == Op.SUM and dtype.kind in "iu":  # as dispatch: an integer sum in a declared dtype
+        dtype = sum_dtype(be, dtype)
     # operands as dispatch hands them to kernels: mixed dtypes already brought to one
     operands = [a.astype(d, copy=False) for a, d in
                 zip(case.inputs, kernel_dtypes(case.op, tuple(a.dtype for a in case.inputs)))]
@@ -494,6 +496,9 @@ def for_declared_dtypes(backend: str, check: str, case: Case | BadCase,
             inputs[i] = a.astype(max(ints, key=lambda d: np.dtype(d).itemsize))
         elif a.dtype.kind == "b" and "bool" not in declared:
             raise NotApplicable("the backend declares no bool dtype")
+    target = case.attrs.get("dtype") if case.op == Op.CAST else None
+    if target is not None and np.dtype(target).name not in declared:
+        raise NotApplicable(f"the backend declares no {np.dtype(target).name} (the cast's target)")
     if isinstance(case, BadCase):
         return BadCase(case.op, case.name, tuple(inputs), case.attrs, case.layout, case.error), tol
     if any(x is not y for x, y in zip(inputs, case.inputs)):

@@ -69,8 +69,15 @@ def test_kit_passes_the_numpy_spmm_on_the_new_cases() -> None:
     assert {"nonfinite_values", "nonfinite_x", "long_rows"} <= {c.split("-")[0] for c in cases}
 
 
+def _int32_sum(x, *, axes, keepdims):
+    """numpy's sum, with integer sums in int32 (numpy's own widen to int64, which f32only lacks)."""
+    if not axes and x.dtype.kind not in "biu":
+        return x
+    return x.sum(axis=axes, keepdims=keepdims, dtype=np.int32 if x.dtype.kind in "biu" else None)
+
+
 def test_a_float32_only_backend_is_valid_and_checked_at_what_it_declares() -> None:
-    f32 = _NumpyBackend("f32only", dtypes=("float32", "int32", "bool"))
+    f32 = _NumpyBackend("f32only", dtypes=("float32", "int32", "bool"), kernels={(Op.SUM, "dense"): _int32_sum})
     assert contract_problem(f32) == ""
     with temporary_plugin(f32):
         report = run_conformance("f32only", ops=["mul", "exp", "sum", "spmm", "getitem", "index_add"])
@@ -90,6 +97,22 @@ def test_a_float32_only_backend_is_valid_and_checked_at_what_it_declares() -> No
                                             (("float32", "complex64"), "must be a tuple")])
 def test_bad_dtype_declarations_are_named(dtypes, needle) -> None:
     assert needle in contract_problem(_NumpyBackend("bad", dtypes=dtypes))
+
+
+def test_integer_sums_on_a_backend_without_int64_are_in_its_widest_integer() -> None:
+    """Inference gives integer sums int64 (PyTorch's rule); a backend that declares no int64 (JAX
+    without 64-bit mode) sums in int32 instead, eagerly and in the kit -- no fallback, no int64
+    tensor on a backend that cannot hold one -- and the kit does not cast to undeclared dtypes."""
+    f32 = _NumpyBackend("f32only", dtypes=("float32", "int32", "bool"), kernels={(Op.SUM, "dense"): _int32_sum})
+    with temporary_plugin(f32):
+        t = pg.tensor(np.array([[1, 2], [3, 4]], np.int32), backend="f32only")
+        for total, want in ((t.sum(), 10), (t.sum(axis=0), [4, 6]), ((t > 1).sum(), 3)):
+            assert total.dtype == np.int32 and total.numpy().tolist() == want
+        report = run_conformance("f32only", ops=["sum", "cast"])
+        assert report.ok, [r.message for r in report.failures[:5]]
+        cases = {r.case.split("-")[0] for r in report.results if r.op == Op.CAST}
+        assert "f64_to_f32" in cases and not cases & {"f64_to_f64", "f64_to_i64", "i64_to_f64"}  # not applicable
+    assert pg.tensor(np.array([1, 2], np.int32)).sum().dtype == np.int64   # numpy declares int64: unchanged
 
 
 def test_an_immutable_backend_shares_its_arrays_without_a_host_round_trip() -> None:

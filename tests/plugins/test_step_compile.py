@@ -12,6 +12,7 @@ import pytest
 import polygrad as pg
 from polygrad.errors import FallbackWarning
 from polygrad.runtime.registry import registry
+from polygrad.compile import Call, Kernel
 from polygrad.compile.backend_compile import COMPILED_STEP, CompiledStep, KernelProgram
 from polygrad.testing.temporary import registry_snapshot
 
@@ -24,10 +25,15 @@ def _interpret(program: KernelProgram):
     tables, vjps = registry.tables[program.backend.name], registry.vjp_tables[program.backend.name]
 
     def run(*arrays):
+        *arrays, numbers = arrays
+        calls = iter(numbers)
         buf = dict(zip(program.inputs, arrays))
         for e in program.entries:
-            if e[0] == 3:   # Kernel
+            if isinstance(e, Kernel):
                 buf[e[5]] = tables[e[2]](*[buf[i] for i in e[3]], **e[4])
+            elif isinstance(e, Call):   # an optimizer's update, a keyed draw
+                for slot, a in zip(e.outs, e.fn(*[buf[i] for i in e.inputs], *next(calls), **e.attrs)):
+                    buf[slot] = a
             else:           # Fused
                 for slot, a in zip(e[5], vjps[e[2]](*[buf[i] for i in e[3]], **e[4])):
                     if slot >= 0:
@@ -37,12 +43,13 @@ def _interpret(program: KernelProgram):
 
 
 class Compiler:
-    def __init__(self, mode: str = "ok") -> None:
+    def __init__(self, mode: str = "ok", backend_name: str = "numpy") -> None:
         self.mode, self.programs, self.calls, self.events = mode, [], 0, []
+        self.backend_name = backend_name
 
     @pg.hookimpl
     def polygrad_compile_kernels(self, program, backend):
-        if backend.name != "numpy":
+        if backend.name != self.backend_name:
             return None
         if self.mode == "raise-at-compile":
             raise RuntimeError("cannot compile")

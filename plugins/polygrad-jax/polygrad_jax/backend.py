@@ -46,3 +46,11 @@ class JaxBackend(pg.Backend):
 
     def from_dlpack(self, obj: Any) -> Any:
         return jax.numpy.asarray(np.from_dlpack(obj))
+
+    def random_mask(self, k0: Any, k1: Any, *, shape: tuple, dtype: Any, drop_below: int, scale: float) -> Any:
+        """Dropout's mask from JAX's counter-based generator (threefry) keyed by ``(k0, k1)``: the
+        same bits eagerly and under ``jax.jit``, so a compiled step draws what its eager run does."""
+        jnp = jax.numpy
+        key = jax.random.wrap_key_data(jnp.stack([jnp.asarray(k0), jnp.asarray(k1)]).astype(jnp.uint32))
+        bits = jax.random.bits(key, shape, jnp.uint16)
+        return jnp.where(bits >= drop_below, jnp.asarray(scale, dtype), jnp.zeros((), dtype))

@@ -14,8 +14,9 @@ jax = pytest.importorskip("jax")
 
 import polygrad as pg  # noqa: E402
 from polygrad import nn, optim  # noqa: E402
+from polygrad.compile import Call  # noqa: E402
 from polygrad.compile.backend_compile import CompiledStep  # noqa: E402
-from polygrad.runtime.registry import registry  # noqa: E402
+from polygrad.runtime.registry import registry, resolve  # noqa: E402
 from polygrad.testing.conformance import run_conformance  # noqa: E402
 
 
@@ -77,3 +78,83 @@ def test_a_compiled_step_runs_as_one_jit_and_matches_numpy() -> None:
     (entry,) = compiled._cache.values()
     assert isinstance(entry.capture.fast, CompiledStep) and entry.capture.fast.calls == compiled.stats["replays"] > 0
     assert all(isinstance(p._data, jax.Array) for p in model.parameters())   # updates stayed on device
+
+
+def test_dropout_masks_are_drawn_by_jax_from_the_seed_the_same_under_jit() -> None:
+    from polygrad.nn.layers import DROPOUT_LEVELS
+    with pg.use_backend("jax"):
+        pg.manual_seed(5)
+        a = nn.dropout(pg.ones((50, 40)), 0.3).numpy()
+        pg.manual_seed(5)
+        b = nn.dropout(pg.ones((50, 40)), 0.3).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert abs((a == 0).mean() - 0.3) < 0.05 and set(np.unique(a).tolist()) == {0.0, float(np.float32(1 / 0.7))}
+    be = resolve("jax")
+    attrs = {"shape": (50, 40), "dtype": np.dtype(np.float32), "drop_below": round(0.3 * DROPOUT_LEVELS),
+             "scale": 1 / 0.7}
+    eager = be.random_mask(7, 11, **attrs)
+    jitted = jax.jit(lambda k0, k1: be.random_mask(k0, k1, **attrs))(7, 11)
+    np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
+
+
+def _dropout_gcn_step():
+    """A sparse two-layer step with input and hidden dropout and Adam, on the jax backend."""
+    rng = np.random.default_rng(0)
+    n, f = 40, 12
+    edges = rng.integers(0, n, size=(2, 160))
+    with pg.use_backend("jax"):
+        pg.manual_seed(1)
+        a = pg.from_edge_index(edges, n)
+        x = pg.tensor(rng.normal(size=(n, f)))
+        lin1, lin2 = nn.Linear(f, 8, dtype=pg.float64), nn.Linear(8, 3, dtype=pg.float64)
+        y = pg.tensor(rng.integers(0, 3, size=n))
+        opt = optim.Adam([*lin1.parameters(), *lin2.parameters()], lr=0.02, weight_decay=5e-4)
+
+    def step():
+        opt.zero_grad()
+        h = nn.dropout((a @ lin1(nn.dropout(x, 0.5))).relu(), 0.5)
+        loss = nn.cross_entropy(a @ lin2(h), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return [*lin1.parameters(), *lin2.parameters()], opt, step
+
+
+def test_a_compiled_step_draws_and_updates_on_device_and_equals_its_eager_run() -> None:
+    params, opt, step = _dropout_gcn_step()
+    with pg.use_backend("jax"):
+        eager = [step().item() for _ in range(6)]
+    eager_params = [p.numpy() for p in params]
+    params, opt, step = _dropout_gcn_step()
+    compiled = pg.compile(step, pure=True)
+    with pg.use_backend("jax"):
+        got = [compiled().item() for _ in range(6)]
+    np.testing.assert_allclose(got, eager, rtol=1e-9, atol=1e-12)   # float64; XLA may reassociate
+    for a, b in zip(eager_params, params):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-9, atol=1e-12)
+    (entry,) = compiled._cache.values()
+    fast = entry.capture.fast
+    assert isinstance(fast, CompiledStep) and fast.calls == compiled.stats["replays"] == 3
+    calls = [e for e in fast.program.entries if isinstance(e, Call)]   # all inside the jit:
+    assert sum(getattr(e.fn, "fn", None) == resolve("jax").random_mask for e in calls) == 2   # two draws
+    assert len(calls) == 6   # and four parameter updates
+    assert opt.step_count == 6 and all(isinstance(v, jax.Array) for st in opt.state.values()
+                                       for v in st.values() if not isinstance(v, int))
+
+
+def test_without_64_bit_mode_integer_sums_are_int32_and_the_kit_passes() -> None:
+    """POLYGRAD_JAX_X64=0 (JAX's default float32/int32): the backend declares no int64, so integer
+    sums are int32 (as JAX's own), with no fallback; the kit skips casts to 64-bit dtypes."""
+    import os
+    import subprocess
+    code = ("import warnings, numpy as np, polygrad as pg\n"
+            "warnings.simplefilter('error', pg.errors.FallbackWarning)\n"
+            "from polygrad.testing.conformance import run_conformance\n"
+            "t = pg.tensor(np.array([1, 2, 3], np.int32), backend='jax')\n"
+            "assert t.sum().dtype == np.int32 and t.sum().item() == 6\n"
+            "r = run_conformance('jax', ops=['sum', 'cast'])\n"
+            "assert r.ok, [f.message for f in r.failures[:3]]\n")
+    env = {**os.environ, "POLYGRAD_JAX_X64": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-W", "ignore::UserWarning", "-c", code], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
