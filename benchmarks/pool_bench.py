@@ -5,8 +5,8 @@ changing, idle memory it keeps afterwards, and time when they do not.
 
 * ``churn``: 40 steps, each two elementwise ops on a slice of one input, whose outputs are a new
   size between 120 and 240 MB every step (the issue's case).  A pool that keeps every size it saw
-  holds gigabytes; this one gives buffers of sizes no longer asked for back.  Target (architecture round 3): peak RSS with
-  the pool <= 1.2x without it.
+  holds gigabytes; this one gives buffers of sizes no longer asked for back.  Target (architecture
+  round 3): peak RSS with the pool <= 1.2x without it.
 * ``loader``: the same with a new input array of that size each step (a data loader's batch): the
   pool cannot see that allocation, so the buffers it keeps idle until its next miss add to it.
 * ``steady``: the same op on one size, repeatedly (a training loop): the pool saves the page
