@@ -77,9 +77,12 @@ them (an interpreter of the same program serves validation mode and event listen
 What a replay reads afresh, every call: the tensors passed as arguments, the current storage of
 every other tensor the step reads (parameters, optimizer-written values), the kernels themselves
 (looked up in the registry's table, so ``inject_fault`` reaches them), the random generator
-(dropout masks are drawn anew, in eager order, from ``pg.manual_seed``'s generator), and the
-optimizer, whose ``zero_grad()`` / ``step()`` calls run as they are (learning-rate schedules and
-Adam's step counter stay right).  What is frozen at capture: Python control flow, Python numbers
+(dropout masks are drawn anew, in eager order, from ``pg.manual_seed``'s generator, or by the
+backend from a key drawn there: ``Backend.random_mask``), and the optimizer: ``zero_grad()`` runs
+as it is, and ``step()`` -- recorded as one ``Call`` of its update rule per parameter (SGD, Adam)
+whose learning rate, bias corrections and state are read afresh, then a host call advancing its
+counters, or as one host call for optimizers without rules -- keeps schedules and Adam's step
+counter right.  What is frozen at capture: Python control flow, Python numbers
 and host (numpy) data the step turns into tensors itself -- pass data that changes as arguments.
 The tensors a replay returns carry no autodiff graph: call ``backward()`` inside the step.
 
