@@ -28,17 +28,29 @@ from . import chunks, cluster, memcap
 
 
 @dataclass(frozen=True)
+class Tile:
+    """The nonzeros of a row block in one column block, as a CSR matrix over that block's
+    *operand piece*: all of its rows (``need is None``) or only its halo rows, in ``need`` order."""
+    indptr: np.ndarray    # int32/int64[rows + 1]
+    cols: np.ndarray      # [k]: column ids in the operand piece
+
+
+@dataclass(frozen=True)
 class RowBlock:
-    """One row block of a pattern, built and kept on its worker: ONE CSR matrix over an
-    *extended* column space -- per column block ``j`` in order, either all of block ``j``'s columns
-    (``need[j] is None``: the whole operand block is used, e.g. the block's own rows) or only the
-    distinct columns its nonzeros touch (``need[j]``: sorted local ids, the *halo* gathered from
-    block ``j``'s worker).  ``cols`` are positions in that space, in the canonical CSR order of the
-    block's values, so a product needs no permutation of the values."""
+    """One row block of a pattern, built and kept on its worker.
+
+    Per column block ``j``: a :class:`Tile` and the operand piece it multiplies -- all of block
+    ``j``'s rows (``need[j] is None``: the block's own rows, or a block it touches everywhere) or
+    only the distinct rows its nonzeros touch (``need[j]``: sorted local ids, the *halo* gathered
+    from block ``j``'s worker).  The tiles' nonzeros are the block's values taken in ``order``
+    (segment by segment, each in CSR order; None when one tile holds them all), ``starts[j]`` where
+    tile ``j``'s begin.  Products go tile by tile into one output: no operand is concatenated."""
     index: int            # the row block's number i
-    indptr: np.ndarray    # int32/int64[rows + 1]: CSR row pointers, from 0
-    cols: np.ndarray      # [nnz]: extended column ids
-    segments: tuple       # per column block j: (offset, count) in the extended space
+    indptr: np.ndarray    # int32/int64[rows + 1]: the block's canonical CSR row pointers, from 0
+    tiles: tuple          # one Tile per column block
+    order: np.ndarray | None   # [nnz]: canonical value positions, tile by tile
+    starts: tuple         # tile j's values are order[starts[j]:starts[j + 1]]
+    segments: tuple       # per column block j: (offset, count): count = rows of its operand piece
     need: tuple           # per column block j: None (whole block) or the sorted local ids gathered
 
     @property
@@ -49,13 +61,10 @@ class RowBlock:
     def nnz(self) -> int:
         return int(self.indptr[-1])
 
-    @property
-    def width(self) -> int:
-        """Columns of the extended space (own block plus halos)."""
-        return int(sum(count for _, count in self.segments))
-
-    def halo(self, j: int) -> np.ndarray | None:
-        return self.need[j]
+    def tile_values(self, values: np.ndarray, j: int) -> np.ndarray:
+        """Tile ``j``'s values, taken from the block's canonical ``values``."""
+        lo, hi = self.starts[j], self.starts[j + 1]
+        return values[lo:hi] if self.order is None else values[self.order[lo:hi]]
 
 
 def build_block(indptr: np.ndarray, cols: np.ndarray, col_bounds: tuple, index: int = 0,
@@ -71,40 +80,47 @@ def build_block(indptr: np.ndarray, cols: np.ndarray, col_bounds: tuple, index: 
     index_dtype = np.int32 if small else np.int64
     rows, nnz = len(indptr) - 1, len(cols)
     item = np.dtype(index_dtype).itemsize
-    # what this block will hold (row pointers, extended column ids) and build with (a mask and a
-    # position map per column block): checked before allocating, on a worker with a memory_limit
+    blocks = len(col_bounds) - 1
+    # what this block will hold (row pointers per tile, column ids, the order) and build with (a
+    # mask and a position map per column block): checked before allocating, on a worker with a
+    # memory_limit
     widest = max((int(b) - int(a) for a, b in zip(col_bounds[:-1], col_bounds[1:])), default=0)
-    memcap.check(f"row block {index} ({rows} rows, {nnz} nonzeros)", (rows + 1 + nnz) * item + widest * (1 + item))
+    memcap.check(f"row block {index} ({rows} rows, {nnz} nonzeros)",
+                 ((blocks + 1) * (rows + 1) + 3 * nnz) * item + widest * (1 + item))
     indptr = np.asarray(indptr, dtype=index_dtype)
     cols = np.asarray(cols)
-    ext = np.empty(cols.shape[0], dtype=index_dtype)
-    segments, need = [], []
-    offset = 0
     bounds = np.asarray(col_bounds, dtype=np.int64)
-    which = np.searchsorted(bounds[1:-1], cols, side="right") if len(bounds) > 2 else None
-    for j in range(len(col_bounds) - 1):
+    which = np.searchsorted(bounds[1:-1], cols, side="right") if blocks > 1 else np.zeros(nnz, dtype=np.int8)
+    order = np.argsort(which, kind="stable").astype(index_dtype) if blocks > 1 else None
+    counts = np.bincount(which, minlength=blocks)
+    starts = tuple(int(v) for v in np.concatenate([[0], np.cumsum(counts)]))
+    local_rows = np.repeat(np.arange(rows, dtype=index_dtype), np.diff(indptr))
+    tiles, segments, need = [], [], []
+    offset = 0
+    for j in range(blocks):
         size = int(bounds[j + 1] - bounds[j])
-        sel = slice(None) if which is None else (which == j)
-        local = cols[sel] - bounds[j]
+        pos = slice(starts[j], starts[j + 1]) if order is None else order[starts[j]:starts[j + 1]]
+        local = cols[pos] - bounds[j]
         if j == own:
-            ids, count = None, size
-            ext[sel] = local + offset
+            ids, count, piece_cols = None, size, local
         else:
             used = np.zeros(size, dtype=bool)
             used[local] = True
             count = int(used.sum())
             if count == size:
-                ids = None
-                ext[sel] = local + offset
+                ids, piece_cols = None, local
             else:
                 ids = np.nonzero(used)[0].astype(index_dtype)
                 remap = np.cumsum(used, dtype=index_dtype)   # remap[c] - 1: c's position in ids
-                ext[sel] = remap[local] + (offset - 1)
+                piece_cols = remap[local] - 1
                 del remap
+        t_indptr = np.zeros(rows + 1, dtype=index_dtype)
+        np.cumsum(np.bincount(local_rows[pos], minlength=rows), out=t_indptr[1:])
+        tiles.append(Tile(t_indptr, np.asarray(piece_cols, dtype=index_dtype)))
         segments.append((offset, count))
         need.append(ids)
         offset += count
-    return RowBlock(int(index), indptr, ext, tuple(segments), tuple(need))
+    return RowBlock(int(index), indptr, tuple(tiles), order, starts, tuple(segments), tuple(need))
 
 
 @dataclass(frozen=True)

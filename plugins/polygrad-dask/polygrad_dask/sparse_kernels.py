@@ -48,38 +48,42 @@ def _take(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return x[ids]
 
 
-def _extended(block: RowBlock, parts: tuple) -> np.ndarray:
-    """The operand rows in the block's extended column order (own block, then halos)."""
-    used = [p for p, (_, count) in zip(parts, block.segments) if count] or [parts[0]]
-    if len(used) == 1:
-        return used[0]
-    memcap.check(_what(block, "the gathered operand"), sum(p.nbytes for p in used))
-    return np.concatenate(used, axis=0)
+def _tile_matrix(block: RowBlock, j: int, values: np.ndarray, dtype: Any) -> sp.csr_matrix:
+    t = block.tiles[j]
+    return sp.csr_matrix((block.tile_values(values, j).astype(dtype, copy=False), t.cols, t.indptr),
+                         shape=(block.rows, block.segments[j][1]))
 
 
-def _matrix(block: RowBlock, values: np.ndarray, dtype: Any) -> sp.csr_matrix:
-    return sp.csr_matrix((values.astype(dtype, copy=False), block.cols, block.indptr),
-                         shape=(block.rows, block.width))
+def _live(block: RowBlock) -> list:
+    """The column blocks this row block has nonzeros in."""
+    return [j for j in range(len(block.tiles)) if block.starts[j + 1] > block.starts[j]]
 
 
 def _spmm_block(block: RowBlock, values: np.ndarray, *parts: np.ndarray) -> np.ndarray:
-    x = _extended(block, parts)
-    dtype = np.result_type(values.dtype, x.dtype)
-    memcap.check(_what(block, "an SpMM result"), block.rows * x.shape[1] * dtype.itemsize)
-    return np.asarray(_matrix(block, values, dtype) @ x.astype(dtype, copy=False))
+    """``sum_j A_ij @ piece_j`` tile by tile, in block order, into one output (no operand is
+    concatenated: a worker holds its pieces and one output, not a copy of them all)."""
+    f = parts[0].shape[1]
+    dtype = np.result_type(values.dtype, *(p.dtype for p in parts))
+    memcap.check(_what(block, "an SpMM result"), 2 * block.rows * f * dtype.itemsize)
+    out = np.zeros((block.rows, f), dtype=dtype)
+    for j in _live(block):
+        out += _tile_matrix(block, j, values, dtype) @ parts[j].astype(dtype, copy=False)
+    return out
 
 
-def _spmm_t_block(block: RowBlock, values: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``A_i.T @ G_i`` over the extended columns (rows: own block, then each halo)."""
+def _spmm_t_block(block: RowBlock, values: np.ndarray, g: np.ndarray) -> tuple:
+    """``A_ij.T @ G_i`` for every column block ``j`` (rows: its operand piece, own or halo)."""
     dtype = np.result_type(values.dtype, g.dtype)
-    memcap.check(_what(block, "a transposed SpMM partial"), block.width * g.shape[1] * dtype.itemsize)
-    return np.asarray(_matrix(block, values, dtype).T @ g.astype(dtype, copy=False))
+    width = sum(count for _, count in block.segments)
+    memcap.check(_what(block, "a transposed SpMM partial"), width * g.shape[1] * dtype.itemsize)
+    g = g.astype(dtype, copy=False)
+    return tuple(np.asarray(_tile_matrix(block, j, values, dtype).T @ g) if block.starts[j + 1] > block.starts[j]
+                 else np.zeros((count, g.shape[1]), dtype=dtype) for j, (_, count) in enumerate(block.segments))
 
 
-def _rows_of(partial: np.ndarray, offset: int, count: int) -> np.ndarray:
-    """The rows of a transposed partial that belong to one column block (a copy: a view would
-    keep the whole partial alive on the worker until the sum is done)."""
-    return partial[offset:offset + count].copy()
+def _rows_of(partials: tuple, j: int) -> np.ndarray:
+    """The transposed partial that belongs to column block ``j``."""
+    return partials[j]
 
 
 def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: np.ndarray) -> np.ndarray:
@@ -96,15 +100,22 @@ def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: np.ndarray) -> np.nd
 
 
 def _sddmm_block(block: RowBlock, p: np.ndarray, *parts: np.ndarray) -> np.ndarray:
-    q = _extended(block, parts)
-    dtype = np.result_type(p.dtype, q.dtype)
+    dtype = np.result_type(p.dtype, *(q.dtype for q in parts))
     memcap.check(_what(block, "an SDDMM result"), block.nnz * dtype.itemsize)
-    rows = np.repeat(np.arange(block.rows, dtype=block.indptr.dtype), np.diff(block.indptr))
-    out = np.empty(rows.shape[0], dtype=dtype)
+    out = np.empty(block.nnz, dtype=dtype)
     step = max(1, SDDMM_CHUNK_ELEMENTS // max(p.shape[1], 1))
-    for lo in range(0, rows.shape[0], step):
-        hi = min(rows.shape[0], lo + step)
-        out[lo:hi] = np.einsum("ij,ij->i", p[rows[lo:hi]], q[block.cols[lo:hi]])
+    for j in _live(block):
+        t, q = block.tiles[j], parts[j]
+        rows = np.repeat(np.arange(block.rows, dtype=t.indptr.dtype), np.diff(t.indptr))
+        vals = np.empty(rows.shape[0], dtype=dtype)
+        for lo in range(0, rows.shape[0], step):
+            hi = min(rows.shape[0], lo + step)
+            vals[lo:hi] = np.einsum("ij,ij->i", p[rows[lo:hi]], q[t.cols[lo:hi]])
+        where = slice(block.starts[j], block.starts[j + 1])
+        if block.order is None:
+            out[where] = vals
+        else:
+            out[block.order[where]] = vals
     return out
 
 
@@ -191,11 +202,11 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
     for j, cols in enumerate(part.col_chunks):
         ids, pieces = [], []
         for i in range(len(part.blocks)):
-            offset, count = part.segments[i][j]
+            _, count = part.segments[i][j]
             if not count:
                 continue
             with cluster.pinned(i):
-                pieces.append(_d(_rows_of)(partials[i], offset, count))
+                pieces.append(_d(_rows_of)(partials[i], j))
             ids.append(part.needs.get((i, j)))
         with cluster.pinned(j):
             out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
