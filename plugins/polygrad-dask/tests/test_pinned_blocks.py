@@ -258,3 +258,19 @@ def test_worker_that_cannot_hold_its_block_names_the_worker_and_sizes(client):
                        workers=[address])
     y = a @ pg.tensor(np.ones((n, 1), dtype=np.float32), backend="dask")   # room again: it runs
     np.testing.assert_allclose(y.numpy()[:, 0], np.bincount(ei[0], minlength=n), rtol=1e-6)
+
+
+def test_values_sent_to_the_workers_once_train_like_numpy(client):
+    """Values over 1 MiB are persisted by ``from_numpy``; coalescing them (a take, then
+    index_add) used to hand the persisted array whole to a delayed call, whose futures were then
+    released under it: every product failed with 'lost dependencies'."""
+    n = 1024
+    ei = np.random.default_rng(0).integers(0, n, (2, 200_000))   # 1.6 MB of float64 values
+    xs = np.random.default_rng(1).normal(size=(n, 4))
+    grads = []
+    for backend in ("numpy", "dask"):
+        a = pg.from_edge_index(ei, n, dtype=np.float64, backend=backend)
+        x = pg.tensor(xs, backend=backend, requires_grad=True)
+        (a @ x).tanh().sum().backward()
+        grads.append(x.grad.numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
