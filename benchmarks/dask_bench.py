@@ -50,7 +50,8 @@ PIECE_ROWS = 1 << 16
 PROJECTION_WORKER_GB, PROJECTION_USABLE = 64, 0.8
 #: the capped run: workers, and each one's memory_limit as a share of the numpy run's peak
 CAPPED_WORKERS, CAP_SHARE = 4, 0.45
-#: below this cap a worker cannot even start (Python, numpy, scipy, dask, polygrad: ~100 MB)
+#: smallest cap the capped run tries: a worker process starts near 70 MB (Python, numpy, scipy,
+#: dask, polygrad) before it holds any data
 MIN_CAP_MB = 200
 #: columns every GCN epoch multiplies by A: forward 16 + 8, their transposes in the backward
 SPMM_COLUMNS_PER_EPOCH = 2 * (HIDDEN + CLASSES)
@@ -292,8 +293,8 @@ def run(quick: bool) -> dict:
         got = _spawn("dask", s, str(Path(tmp) / "g2"), "2", "0")
         capped: dict
         if cap_mb < MIN_CAP_MB:
-            capped = {"error": f"skipped: a cap of {cap_mb:.0f} MB is below what a worker process needs "
-                               f"before any data (~{MIN_CAP_MB} MB with its imports): run at full size"}
+            capped = {"error": f"skipped: a cap of {cap_mb:.0f} MB is under {MIN_CAP_MB} MB (a worker process "
+                               "starts near 70 MB, before any data): run at full size"}
         else:
             _spawn("shards", s, str(Path(tmp) / "g3"), str(CAPPED_WORKERS))
             try:
