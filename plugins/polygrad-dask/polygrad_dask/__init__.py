@@ -12,15 +12,18 @@ block there.  Use it with a ``distributed.Client``::
         ...                                     # the same model code
 
 Graphs that never fit on the client are read by the workers from edge shards
-(:func:`write_edge_shards`, :func:`load_edge_shards`).
+(:func:`write_edge_shards`, :func:`load_edge_shards`); each row block stays on one worker and a
+product moves only its halo (the remote rows it touches).  :func:`locality_order` and
+:func:`relabel` renumber a graph so fewer edges cross blocks (:func:`halo_stats` measures it).
 """
 from __future__ import annotations
 
 import polygrad as pg
 
-from . import chunks, cluster
+from . import chunks, cluster, locality, memcap
 from .backend import DaskBackend
 from .cluster import connect
+from .locality import halo_stats, locality_order, relabel
 from .partition import DistributedPattern, Partition
 from .shards import gcn_adjacency, load_edge_shards, write_edge_shards
 
@@ -33,4 +36,5 @@ def polygrad_backends() -> list:
 
 
 __all__ = ["DaskBackend", "DistributedPattern", "Partition", "chunks", "cluster", "connect",
-           "gcn_adjacency", "load_edge_shards", "polygrad_backends", "write_edge_shards"]
+           "gcn_adjacency", "halo_stats", "load_edge_shards", "locality", "locality_order", "memcap",
+           "polygrad_backends", "relabel", "write_edge_shards"]

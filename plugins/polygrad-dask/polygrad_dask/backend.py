@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 import dask.array as da
+from dask.core import flatten
 import numpy as np
 
 import polygrad as pg
@@ -21,7 +22,7 @@ from polygrad.ir.ops import Op
 
 from . import chunks, cluster, dense_kernels, sparse_kernels
 
-#: bytes up to which a materialised array is replicated on two workers, so that losing one
+#: bytes up to which a materialised array of one row block is replicated on two workers, so that losing one
 #: worker loses no parameter or optimizer state (they are small; graph data is recomputed)
 REPLICATE_MAX_BYTES = 64 << 20
 #: arrays up to this size handed to ``from_numpy`` stay embedded in the graphs that use them
@@ -93,10 +94,12 @@ class DaskBackend(pg.Backend):
     def from_numpy(self, array: np.ndarray) -> Any:
         # a copy: the graph must not see later in-place edits of the caller's array
         host = np.array(array, copy=True)
-        x = da.from_array(host, chunks=chunks.chunks_for(host.shape), asarray=False)
+        # a fresh name, not a hash of the content: two equal arrays (two all-ones value vectors)
+        # would share keys, and releasing one would cancel the other's futures
+        x = da.from_array(host, chunks=chunks.chunks_for(host.shape), asarray=False, name=False)
         if host.nbytes <= EMBED_MAX_BYTES:
             return x
-        return _quiet(lambda: self.client().persist(x))
+        return _quiet(lambda: _persist(self.client(), [x])[0])
 
     def to_numpy(self, array: Any) -> np.ndarray:
         if isinstance(array, da.Array):
@@ -116,18 +119,21 @@ class DaskBackend(pg.Backend):
         survive a worker's loss).  A failure is a :class:`BackendError` naming what was lost."""
         from distributed import wait
 
-        lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array)]
+        lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array) and not _persisted(a)]
         if not lazy:
             return list(arrays)
         client = self.client()
         try:
-            done = _quiet(lambda: client.persist([arrays[i] for i in lazy]))
+            done = _quiet(lambda: _persist(client, [arrays[i] for i in lazy]))
             futures = [f for a in done for f in _futures_of(a)]
             wait(futures)
             failed = [f for f in futures if f.status == "error"]
             if failed:
                 failed[0].result()  # raises the task's own error
-            small = [f for a in done if a.nbytes <= REPLICATE_MAX_BYTES for f in _futures_of(a)]
+            # parameters and optimizer state (one row block): a copy on a second worker; row-blocked
+            # arrays stay on their blocks' workers only (lineage rebuilds a lost block)
+            small = [f for a in done if a.nbytes <= REPLICATE_MAX_BYTES and (a.ndim == 0 or len(a.chunks[0]) < 2)
+                     for f in _futures_of(a)]
             if small and len(client.scheduler_info().get("workers", {})) > 1:
                 client.replicate(small, n=2)
         except Exception as exc:  # noqa: BLE001 - worker loss, cancelled futures, task errors
@@ -138,6 +144,22 @@ class DaskBackend(pg.Backend):
         for i, a in zip(lazy, done):
             out[i] = a
         return out
+
+
+def _persisted(x: da.Array) -> bool:
+    """Whether every chunk of ``x`` is a future already (persisting it again would resubmit the
+    same keys while the old futures are being released)."""
+    held = {f.key for f in _futures_of(x)}
+    return bool(held) and all(k in held for k in flatten(x.__dask_keys__()))
+
+
+def _persist(client: Any, arrays: list) -> list:
+    """``client.persist(arrays)`` with row block ``i`` of every row-blocked array in their graph
+    computed on row block ``i``'s worker, where the pattern's block ``i`` lives
+    (``cluster.row_placement``): features and activations stay beside the graph rows they meet,
+    and no step moves them.  Not optimised: fusing tasks would drop their placement."""
+    with cluster.row_placement(arrays, chunks.partitions, client):
+        return client.persist(arrays, optimize_graph=False)
 
 
 def _futures_of(array: Any) -> list:

@@ -122,9 +122,17 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
             return Client(scheduler.strip(), timeout=remaining, set_as_default=True)
         except (OSError, TimeoutError, ValueError, TypeError, MemoryError) as exc:
             raise _unavailable(scheduler, timeout, f"{type(exc).__name__}: {exc}") from exc
-    cluster = LocalCluster(n_workers=workers or 2, threads_per_worker=threads_per_worker, processes=True,
-                           host=host, dashboard_address=dashboard_address,
-                           scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit)
+    import dask
+
+    from .memcap import NO_SPILL_NO_PAUSE
+
+    # a worker near its memory_limit fails its step (memcap) instead of spilling the working set
+    # to disk or pausing (a hang); row blocks stay on their workers (``placed`` asks for them
+    # loosely, and work stealing would move loosely placed tasks to an idle worker)
+    with dask.config.set({**NO_SPILL_NO_PAUSE, "distributed.scheduler.work-stealing": False}):
+        cluster = LocalCluster(n_workers=workers or 2, threads_per_worker=threads_per_worker, processes=True,
+                               host=host, dashboard_address=dashboard_address,
+                               scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit)
     return Client(cluster, set_as_default=True)
 
 
@@ -173,3 +181,76 @@ def close(client: Any) -> None:
     client.close()
     if cluster is not None:
         cluster.close()
+
+
+#: seconds a worker list read from the scheduler is reused when placing tasks (placement is a
+#: preference, so a list a moment old is harmless; a round trip per kernel call is not)
+HOMES_TTL_S = 2.0
+_homes: list = []
+_homes_at = -HOMES_TTL_S
+
+
+def homes(client: Any) -> list:
+    """Worker address per row-block slot, stable: a worker keeps its slot while it lives; a slot
+    whose worker left goes to a worker that has none (a restarted one), so the surviving
+    workers' blocks stay where they are."""
+    global _homes, _homes_at
+    now = time.monotonic()
+    if now - _homes_at < HOMES_TTL_S and _homes:
+        return _homes
+    alive = sorted(client.scheduler_info().get("workers", {}))
+    kept = [a if a in alive else None for a in _homes]
+    spare = [a for a in alive if a not in kept]
+    out = []
+    for a in kept:
+        if a is None and spare:
+            a = spare.pop(0)
+        if a is not None:
+            out.append(a)
+    _homes, _homes_at = out + spare, now
+    return _homes
+
+
+def placed(client: Any, block: int) -> dict:
+    """``submit`` options asking for row block ``block``'s worker, loosely (a lost worker's tasks
+    run elsewhere rather than wait for it)."""
+    where = homes(client)
+    if not where:
+        return {}
+    return {"workers": [where[block % len(where)]], "allow_other_workers": True}
+
+
+def pinned(block: int) -> Any:
+    """``dask.annotate`` context for graph tasks of row block ``block`` (see :func:`placed`)."""
+    import dask
+
+    return dask.annotate(**placed(client(), block))
+
+
+def row_placement(collections: list, blocks: int, client_: Any) -> Any:
+    """``dask.annotate`` context pinning every task of the graph of ``collections`` whose key
+    names row block ``i`` of a row-blocked array -- a key ``(name, i, ...)`` of a layer whose
+    first indices are exactly ``0 .. blocks-1`` -- to row block ``i``'s worker, loosely.
+
+    Without it, the scheduler sends a task to whichever worker would start it first, so on a busy
+    machine a step's activation block lands beside the wrong graph rows and every later op of that
+    block drags it back; pinned, only halos travel.  Other tasks (weights, reductions' last
+    levels, arrays split along other axes) may run on any worker."""
+    import dask
+
+    where = homes(client_)
+    if blocks < 2 or len(where) < 2:
+        return dask.annotate()
+    firsts: dict = {}
+    for c in collections:
+        for key in c.__dask_graph__().keys():
+            if isinstance(key, tuple) and len(key) >= 2 and isinstance(key[1], int):
+                firsts.setdefault(key[0], set()).add(key[1])
+    row_blocked = {name for name, seen in firsts.items() if seen == set(range(blocks))}
+    table = {}
+    for c in collections:
+        for key in c.__dask_graph__().keys():
+            if isinstance(key, tuple) and key[0] in row_blocked:
+                table[key] = [where[key[1] % len(where)]]
+    everyone = list(where)
+    return dask.annotate(workers=lambda key: table.get(key, everyone), allow_other_workers=True)

@@ -93,16 +93,29 @@ def _pointwise(index: tuple, shape: tuple, src_shape: tuple) -> list | None:
     return [np.asarray(i, dtype=np.int64) % max(n, 1) for i, n in zip(idx, shape)]
 
 
-def _add_at_block(rows: int, tail: tuple, dtype: Any, local: tuple, src: np.ndarray) -> np.ndarray:
+def _joined(pieces: tuple) -> np.ndarray:
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+
+
+def _add_at_block(rows: int, tail: tuple, dtype: Any, local: tuple, *src: np.ndarray) -> np.ndarray:
     out = np.zeros((rows,) + tail, dtype=dtype)
-    np.add.at(out, local, src)  # unbuffered: repeated positions accumulate
+    np.add.at(out, local, _joined(src))  # unbuffered: repeated positions accumulate
     return out
 
 
-def _add_at_whole(shape: tuple, dtype: Any, index: tuple, src: np.ndarray) -> np.ndarray:
+def _add_at_whole(shape: tuple, dtype: Any, index: tuple, *src: np.ndarray) -> np.ndarray:
     out = np.zeros(shape, dtype=dtype)
-    np.add.at(out, index, src)
+    np.add.at(out, index, _joined(src))
     return out
+
+
+def _chunks_of(x: da.Array) -> list:
+    """``x``'s chunks as delayed values, in row order (``x`` is split along its first axis only).
+    A dask array handed whole to a delayed call becomes a 'finalize' task that does not keep the
+    futures inside the array alive: a persisted operand's keys could be released before it runs
+    ("lost dependencies")."""
+    x = x.rechunk((x.chunks[0],) + tuple((s,) for s in x.shape[1:])) if x.ndim > 1 else x
+    return list(x.to_delayed(optimize_graph=False).reshape(-1)) if x.size or x.ndim else [x.to_delayed()]
 
 
 def index_add(src: da.Array, *, index: tuple, shape: tuple) -> da.Array:
@@ -112,7 +125,8 @@ def index_add(src: da.Array, *, index: tuple, shape: tuple) -> da.Array:
     if point is None:
         # other index forms (slices, scalars, broadcast arrays): one task; they come from small
         # ops (a loss picking a column), never from message passing
-        whole = da.from_delayed(_delayed(_add_at_whole)(tuple(shape), dtype, index, src), shape, dtype=dtype)
+        whole = da.from_delayed(_delayed(_add_at_whole)(tuple(shape), dtype, index, *_chunks_of(src)), shape,
+                                dtype=dtype)
         return whole.rechunk(chunks.chunks_for(tuple(shape))) if shape else whole
     tail = tuple(shape[1:])
     blocks = []
@@ -121,8 +135,9 @@ def index_add(src: da.Array, *, index: tuple, shape: tuple) -> da.Array:
         stop = start + rows
         hit = np.nonzero((point[0] >= start) & (point[0] < stop))[0]
         local = (point[0][hit] - start,) + tuple(p[hit] for p in point[1:])
-        part = src[hit] if hit.size else da.zeros((0,) + tuple(src.shape[1:]), dtype=dtype)
-        blocks.append(da.from_delayed(_delayed(_add_at_block)(rows, tail, dtype, local, part),
+        part = src[hit] if hit.size else np.zeros((0,) + tuple(src.shape[1:]), dtype=dtype)
+        pieces = _chunks_of(part) if isinstance(part, da.Array) else [part]
+        blocks.append(da.from_delayed(_delayed(_add_at_block)(rows, tail, dtype, local, *pieces),
                                       (rows,) + tail, dtype=dtype))
         start = stop
     return da.concatenate(blocks, axis=0) if len(blocks) > 1 else blocks[0]

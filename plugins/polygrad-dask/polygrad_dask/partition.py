@@ -1,12 +1,12 @@
 """Sparse patterns partitioned into row blocks aligned with the dense arrays' row chunks.
 
 A :class:`Partition` of an ``n x m`` pattern holds, per *row block* ``i`` (the rows of
-``chunks.bounds(n)``), one :class:`RowBlock` living on a worker: the block's CSR row pointers and
-one :class:`Tile` per *column block* ``j`` (``chunks.bounds(m)``, the row blocks of the dense
-operand) -- the nonzeros of block ``i`` whose columns fall in block ``j``, with local row/column
-ids and their positions in the block's values.  SpMM, its transpose, SDDMM and the segment
-reductions are then one small task per tile plus one per block, and only tiles' operands and
-results move between workers.
+``chunks.bounds(n)``), one :class:`RowBlock` pinned on worker ``cluster.placed(i)``: the block's
+nonzeros as ONE CSR matrix over an extended column space -- its own column block (the rows of the
+dense operand on the same worker), then per other column block ``j`` the *halo*: the distinct
+columns of ``j`` it touches.  The halo ids are computed once per pattern and copied once to ``j``'s
+worker, so a product moves only halo rows (``sparse_kernels``): traffic is bounded by the edge cut,
+not by ``n``.  Blocks never move: every task on block ``i`` asks for its worker.
 
 Two ways in: :func:`partition_of` partitions a host :class:`polygrad.sparse.pattern.Pattern` (an
 in-memory graph) on first use and caches it; :class:`DistributedPattern` is a pattern whose
@@ -24,21 +24,34 @@ import numpy as np
 from polygrad.errors import BackendError
 from polygrad.sparse.pattern import Pattern
 
-from . import chunks, cluster
+from . import chunks, cluster, memcap
 
 
 @dataclass(frozen=True)
 class Tile:
-    """The nonzeros of one row block in one column block (built and kept on a worker)."""
-    indptr: np.ndarray   # int32/int64[rows_in_block + 1]: CSR row pointers over the block's rows
-    cols: np.ndarray     # [k]: column ids, local to the column block
-    pos: np.ndarray      # [k]: positions in the row block's values (CSR order)
+    """The nonzeros of a row block in one column block, as a CSR matrix over that block's
+    *operand piece*: all of its rows (``need is None``) or only its halo rows, in ``need`` order."""
+    indptr: np.ndarray    # int32/int64[rows + 1]
+    cols: np.ndarray      # [k]: column ids in the operand piece
 
 
 @dataclass(frozen=True)
 class RowBlock:
-    indptr: np.ndarray   # int32/int64[rows_in_block + 1]: the block's CSR row pointers, from 0
-    tiles: tuple         # one Tile per column block
+    """One row block of a pattern, built and kept on its worker.
+
+    Per column block ``j``: a :class:`Tile` and the operand piece it multiplies -- all of block
+    ``j``'s rows (``need[j] is None``: the block's own rows, or a block it touches everywhere) or
+    only the distinct rows its nonzeros touch (``need[j]``: sorted local ids, the *halo* gathered
+    from block ``j``'s worker).  The tiles' nonzeros are the block's values taken in ``order``
+    (segment by segment, each in CSR order; None when one tile holds them all), ``starts[j]`` where
+    tile ``j``'s begin.  Products go tile by tile into one output: no operand is concatenated."""
+    index: int            # the row block's number i
+    indptr: np.ndarray    # int32/int64[rows + 1]: the block's canonical CSR row pointers, from 0
+    tiles: tuple          # one Tile per column block
+    order: np.ndarray | None   # [nnz]: canonical value positions, tile by tile
+    starts: tuple         # tile j's values are order[starts[j]:starts[j + 1]]
+    segments: tuple       # per column block j: (offset, count): count = rows of its operand piece
+    need: tuple           # per column block j: None (whole block) or the sorted local ids gathered
 
     @property
     def rows(self) -> int:
@@ -48,35 +61,83 @@ class RowBlock:
     def nnz(self) -> int:
         return int(self.indptr[-1])
 
+    def tile_values(self, values: np.ndarray, j: int) -> np.ndarray:
+        """Tile ``j``'s values, taken from the block's canonical ``values``."""
+        lo, hi = self.starts[j], self.starts[j + 1]
+        return values[lo:hi] if self.order is None else values[self.order[lo:hi]]
 
-def build_block(indptr: np.ndarray, cols: np.ndarray, col_bounds: tuple) -> RowBlock:
-    """A RowBlock from its local row pointers and its (global, canonical) column ids."""
+
+def build_block(indptr: np.ndarray, cols: np.ndarray, col_bounds: tuple, index: int = 0,
+                own: int | None = None) -> RowBlock:
+    """A RowBlock from its local row pointers and its (global, canonical) column ids.
+
+    ``own`` is the column block this row block's worker holds whole (its own rows of a square
+    pattern): it is never gathered.  Another column block is gathered at the columns used, unless
+    they are all of them (then the block is taken whole: no gather, no index)."""
     # int32 indices when they fit: scipy then uses them as they are (no conversion per product),
     # and they take half the memory
     small = max(int(col_bounds[-1]), len(indptr), int(indptr[-1]) if len(indptr) else 0) < 2**31 - 1
-    index = np.int32 if small else np.int64
-    indptr = np.asarray(indptr, dtype=index)
-    cols = np.asarray(cols, dtype=np.int64)
-    rows = indptr.shape[0] - 1
-    local_rows = np.repeat(np.arange(rows, dtype=np.int64), np.diff(indptr))
-    which = np.searchsorted(np.asarray(col_bounds[1:-1], dtype=np.int64), cols, side="right")
-    tiles = []
-    for j in range(len(col_bounds) - 1):
-        pos = np.nonzero(which == j)[0]
-        t_indptr = np.zeros(rows + 1, dtype=index)
+    index_dtype = np.int32 if small else np.int64
+    rows, nnz = len(indptr) - 1, len(cols)
+    item = np.dtype(index_dtype).itemsize
+    blocks = len(col_bounds) - 1
+    # what this block will hold (row pointers per tile, column ids, the order) and build with (a
+    # mask and a position map per column block): checked before allocating, on a worker with a
+    # memory_limit
+    widest = max((int(b) - int(a) for a, b in zip(col_bounds[:-1], col_bounds[1:])), default=0)
+    memcap.check(f"row block {index} ({rows} rows, {nnz} nonzeros)",
+                 ((blocks + 1) * (rows + 1) + 3 * nnz) * item + widest * (1 + item))
+    indptr = np.asarray(indptr, dtype=index_dtype)
+    cols = np.asarray(cols)
+    bounds = np.asarray(col_bounds, dtype=np.int64)
+    which = np.searchsorted(bounds[1:-1], cols, side="right") if blocks > 1 else np.zeros(nnz, dtype=np.int8)
+    order = np.argsort(which, kind="stable").astype(index_dtype) if blocks > 1 else None
+    counts = np.bincount(which, minlength=blocks)
+    starts = tuple(int(v) for v in np.concatenate([[0], np.cumsum(counts)]))
+    local_rows = np.repeat(np.arange(rows, dtype=index_dtype), np.diff(indptr))
+    tiles, segments, need = [], [], []
+    offset = 0
+    for j in range(blocks):
+        size = int(bounds[j + 1] - bounds[j])
+        pos = slice(starts[j], starts[j + 1]) if order is None else order[starts[j]:starts[j + 1]]
+        local = cols[pos] - bounds[j]
+        if j == own:
+            ids, count, piece_cols = None, size, local
+        else:
+            used = np.zeros(size, dtype=bool)
+            used[local] = True
+            count = int(used.sum())
+            if count == size:
+                ids, piece_cols = None, local
+            else:
+                ids = np.nonzero(used)[0].astype(index_dtype)
+                remap = np.cumsum(used, dtype=index_dtype)   # remap[c] - 1: c's position in ids
+                piece_cols = remap[local] - 1
+                del remap
+        t_indptr = np.zeros(rows + 1, dtype=index_dtype)
         np.cumsum(np.bincount(local_rows[pos], minlength=rows), out=t_indptr[1:])
-        tiles.append(Tile(t_indptr, (cols[pos] - col_bounds[j]).astype(index), pos.astype(index)))
-    return RowBlock(indptr, tuple(tiles))
+        tiles.append(Tile(t_indptr, np.asarray(piece_cols, dtype=index_dtype)))
+        segments.append((offset, count))
+        need.append(ids)
+        offset += count
+    return RowBlock(int(index), indptr, tuple(tiles), order, starts, tuple(segments), tuple(need))
 
 
 @dataclass(frozen=True)
 class Partition:
-    """Row blocks of a pattern on the cluster, and the host-side sizes graphs are built from."""
+    """Row blocks of a pattern on the cluster, and the host-side sizes graphs are built from.
+
+    ``segments[i][j]`` is ``(offset, count)`` of column block ``j`` in row block ``i``'s extended
+    column space; ``needs[(i, j)]`` is a Future of the halo ids ``i`` gathers from block ``j``,
+    kept on ``j``'s worker (the ids travel there once per pattern, not once per product).  A pair
+    absent from ``needs`` takes block ``j`` whole (count > 0) or not at all (count == 0)."""
     shape: tuple
     row_bounds: tuple     # chunks.bounds(n)
     col_bounds: tuple     # chunks.bounds(m)
     nnz_chunks: tuple     # nonzeros per row block (the values' chunks)
     blocks: tuple         # one Future (of a RowBlock) per row block
+    segments: tuple = ()  # per row block: per column block (offset, count)
+    needs: Any = None     # {(i, j): Future of the halo ids on j's worker}
 
     @property
     def row_chunks(self) -> tuple:
@@ -85,6 +146,58 @@ class Partition:
     @property
     def col_chunks(self) -> tuple:
         return tuple(b - a for a, b in zip(self.col_bounds[:-1], self.col_bounds[1:]))
+
+    def halo_rows(self) -> dict:
+        """``{(i, j): rows}``: how many rows of column block ``j`` row block ``i`` fetches per
+        product (the whole block where no halo ids are kept); the traffic of one SpMM with F
+        columns is ``sum(rows) * F * itemsize`` bytes."""
+        out = {}
+        for i, segs in enumerate(self.segments):
+            for j, (_, count) in enumerate(segs):
+                if count and j != own_block(self, i):
+                    out[(i, j)] = count
+        return out
+
+    @property
+    def futures(self) -> list:
+        return list(self.blocks) + list((self.needs or {}).values())
+
+
+def own_block(part: "Partition | tuple", i: int) -> int | None:
+    """The column block row block ``i``'s worker holds whole (a square pattern's diagonal block:
+    the operand's rows i are on the same worker as the pattern's rows i), or None."""
+    row_bounds, col_bounds = (part.row_bounds, part.col_bounds) if isinstance(part, Partition) else part
+    return i if tuple(row_bounds) == tuple(col_bounds) else None
+
+
+def _layout(block: RowBlock) -> tuple:
+    return block.segments
+
+
+def _halo_ids(block: RowBlock, j: int) -> np.ndarray:
+    return block.need[j]
+
+
+def _keep(ids: np.ndarray) -> np.ndarray:
+    """Identity, pinned on the worker that serves the halo: the ids then live there."""
+    return ids
+
+
+def finish(client: Any, shape: tuple, row_bounds: tuple, col_bounds: tuple, nnz: tuple,
+           blocks: tuple) -> "Partition":
+    """The Partition of row-block futures: their layouts (a few numbers per block) come to the
+    client, and each halo's ids are copied once to the worker of the block they index."""
+    layouts = client.gather([client.submit(_layout, b, pure=False) for b in blocks])
+    needs = {}
+    for i, (block, segs) in enumerate(zip(blocks, layouts)):
+        for j, (_, count) in enumerate(segs):
+            whole = count == int(col_bounds[j + 1]) - int(col_bounds[j])
+            if not count or whole or j == own_block((row_bounds, col_bounds), i):
+                continue  # nothing to fetch, or the whole block (build_block keeps no ids then)
+            ids = client.submit(_halo_ids, block, j, pure=False, **cluster.placed(client, i))
+            needs[(i, j)] = client.submit(_keep, ids, pure=False, **cluster.placed(client, j))
+    return Partition(tuple(shape), tuple(row_bounds), tuple(col_bounds), tuple(nnz), tuple(blocks),
+                     tuple(tuple(s) for s in layouts), needs)
 
 
 class DistributedPattern(Pattern):
@@ -132,7 +245,11 @@ _CACHE: "weakref.WeakKeyDictionary[Pattern, dict]" = weakref.WeakKeyDictionary()
 
 
 def partition_of(pattern: Pattern) -> Partition:
-    """The Partition of ``pattern`` for the current row blocks and client (built once, cached)."""
+    """The Partition of ``pattern`` for the current row blocks and client (built once, cached).
+
+    Row block ``i`` is built on worker ``cluster.home(i)`` (loosely: a lost worker's block is
+    rebuilt elsewhere from the arguments inside its task) and stays there: every kernel task on
+    block ``i`` asks for that worker, so the pattern never moves between steps."""
     part = getattr(pattern, "partition", None)
     if isinstance(part, Partition):
         if part.row_bounds != tuple(chunks.bounds(pattern.shape[0])) or \
@@ -145,17 +262,18 @@ def partition_of(pattern: Pattern) -> Partition:
     key = (tuple(chunks.bounds(n)), tuple(chunks.bounds(m)), id(client))
     per_pattern = _CACHE.setdefault(pattern, {})
     hit = per_pattern.get(key)
-    if hit is not None and all(f.status not in ("cancelled", "lost", "error") for f in hit.blocks):
+    if hit is not None and all(f.status not in ("cancelled", "lost", "error") for f in hit.futures):
         return hit
     row_bounds, col_bounds = key[0], key[1]
     indptr = pattern.indptr
     blocks, nnz = [], []
-    for a, b in zip(row_bounds[:-1], row_bounds[1:]):
+    for i, (a, b) in enumerate(zip(row_bounds[:-1], row_bounds[1:])):
         lo, hi = int(indptr[a]), int(indptr[b])
         # the arguments travel inside the task: a lost worker's block is rebuilt from them
-        blocks.append(client.submit(build_block, indptr[a:b + 1] - lo, pattern.cols[lo:hi], col_bounds,
-                                    pure=False))
+        blocks.append(client.submit(build_block, indptr[a:b + 1] - lo, pattern.cols[lo:hi], col_bounds, i,
+                                    own_block((row_bounds, col_bounds), i), pure=False,
+                                    **cluster.placed(client, i)))
         nnz.append(hi - lo)
-    part = Partition((n, m), row_bounds, col_bounds, tuple(nnz), tuple(blocks))
+    part = finish(client, (n, m), row_bounds, col_bounds, tuple(nnz), tuple(blocks))
     per_pattern[key] = part
     return part

@@ -23,6 +23,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 import polygrad as pg
 from polygrad.runtime import memory
@@ -30,8 +31,8 @@ from polygrad.errors import DataError, MemoryBudgetError
 from polygrad.sparse import SparseTensor
 from polygrad.tensor import sddmm
 
-from . import chunks, cluster
-from .partition import DistributedPattern, Partition, RowBlock, build_block
+from . import chunks, cluster, memcap
+from .partition import DistributedPattern, RowBlock, build_block, finish
 
 FORMAT = "polygrad-edge-shards"
 
@@ -131,42 +132,43 @@ def _read_arrays(path: str, i: int, n: int, dtype: Any) -> tuple[np.ndarray, np.
         raise DataError(f"edge shard {name} has column ids outside [0, {n}) (min {cols.min()}, max {cols.max()}): "
                         "they would land in other rows")
     if vals is None:
-        return rows.astype(np.int64), cols.astype(np.int64), np.ones(rows.shape[0], dtype=dtype)
+        return rows, cols, np.ones(rows.shape[0], dtype=dtype)
     try:
         values = vals.astype(dtype)
     except (TypeError, ValueError) as exc:
         raise DataError(f"edge shard {name}: values of dtype {vals.dtype} cannot be read as {dtype}") from exc
-    return rows.astype(np.int64), cols.astype(np.int64), values
+    return rows, cols, values
 
 
 def _read_block(path: str, i: int, lo: int, hi: int, col_bounds: tuple, self_loops: bool,
                 dtype: Any) -> tuple[RowBlock, np.ndarray]:
-    """On a worker: shard ``i`` as a canonical RowBlock (duplicates summed) and its values."""
+    """On a worker: shard ``i`` as a canonical RowBlock (duplicates summed) and its values.
+
+    Ids are narrowed to int32 when the graph allows and the CSR is built by scipy's COO -> CSR
+    conversion (a counting sort), so the transient memory is a few arrays of 4 bytes per edge,
+    not the int64 keys and argsort of a general sort."""
     rows, cols, vals = _read_arrays(path, i, int(col_bounds[-1]), dtype)
     if rows.size and (rows.min() < lo or rows.max() >= hi):
         raise DataError(f"edge shard {i} of {path} has rows outside its block [{lo}, {hi})")
-    n = hi - lo
-    local = rows - lo
+    n, width = hi - lo, max(int(col_bounds[-1]), 1)
+    index = np.int32 if max(width, n, rows.shape[0] + n) < 2**31 - 1 else np.int64
+    local = (rows - lo).astype(index)
+    del rows
+    cols = cols.astype(index)
     if self_loops:  # add the missing (r, r) entries with weight 1 (what gcn_norm does)
         has = np.zeros(n, dtype=bool)
-        has[local[cols == rows]] = True
-        missing = np.nonzero(~has)[0]
+        has[local[cols == local + lo]] = True
+        missing = np.nonzero(~has)[0].astype(index)
         local = np.concatenate([local, missing])
-        cols = np.concatenate([cols, missing + lo])
+        cols = np.concatenate([cols, missing + index(lo)])
         vals = np.concatenate([vals, np.ones(missing.shape[0], dtype=dtype)])
-    key = local * max(int(col_bounds[-1]), 1) + cols
-    order = np.argsort(key, kind="stable")
-    key, vals = key[order], vals[order]
-    first = np.ones(key.shape[0], dtype=bool)
-    first[1:] = key[1:] != key[:-1]
-    starts = np.nonzero(first)[0]
-    summed = np.add.reduceat(vals, starts) if starts.size else vals[:0]
-    key = key[starts]
-    width = max(int(col_bounds[-1]), 1)
-    local_rows, ucols = key // width, key % width
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(local_rows, minlength=n), out=indptr[1:])
-    return build_block(indptr, ucols, col_bounds), summed
+    memcap.check(f"edge shard {i} ({local.shape[0]} edges, rows [{lo}, {hi}))",
+                 local.shape[0] * (2 * np.dtype(index).itemsize + np.dtype(dtype).itemsize))
+    csr = sp.csr_matrix((vals, (local, cols)), shape=(n, width))   # duplicates summed, sorted
+    del local, cols, vals
+    csr.sum_duplicates()
+    block = build_block(csr.indptr, csr.indices, col_bounds, i, i)
+    return block, csr.data
 
 
 def _first(pair: tuple) -> Any:
@@ -196,12 +198,13 @@ def load_edge_shards(path: "str | os.PathLike", *, add_self_loops: bool = False,
     dt = np.dtype(dtype) if dtype is not None else np.dtype(pg.default_float)
     client = cluster.client()
     where = os.fspath(Path(path).resolve())
-    pairs = [client.submit(_read_block, where, i, a, b, bounds, add_self_loops, dt, pure=False)
+    pairs = [client.submit(_read_block, where, i, a, b, bounds, add_self_loops, dt, pure=False,
+                           **cluster.placed(client, i))
              for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-    blocks = tuple(client.submit(_first, p) for p in pairs)
-    values = [client.submit(_second, p) for p in pairs]
+    blocks = tuple(client.submit(_first, p, **cluster.placed(client, i)) for i, p in enumerate(pairs))
+    values = [client.submit(_second, p, **cluster.placed(client, i)) for i, p in enumerate(pairs)]
     nnz = tuple(int(k) for k in client.gather([client.submit(_nnz, p) for p in pairs]))
-    part = Partition((n, n), bounds, bounds, nnz, blocks)
+    part = finish(client, (n, n), bounds, bounds, nnz, blocks)
     arrays = [da.from_delayed(v, (k,), dtype=dt) for v, k in zip(values, nnz)]
     data = arrays[0] if len(arrays) == 1 else da.concatenate(arrays)
     return SparseTensor.from_pattern(DistributedPattern(part), pg.Tensor.from_backend(data, "dask"))
