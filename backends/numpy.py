@@ -24,6 +24,7 @@ from polygrad.runtime.threads import run_blocks
 
 from . import parallel
 from .array_kernels import make_kernels
+from .matmul_vjp import dense_matmul_vjp
 
 #: large kernel outputs come from here and are reused once unreferenced (polygrad.runtime.pool)
 POOL = HOST_POOL
@@ -297,6 +298,8 @@ class NumpyBackend(pg.Backend):
         self.kernels[(Op.RELU, "dense")] = pooled_relu
         self.kernels[(Op.MATMUL, "dense")] = pooled_matmul
         self.kernels[(Op.EXPAND, "dense")] = expand
+        # after every forward kernel is final: the fused backward calls exactly these
+        self.vjp_kernels[(Op.MATMUL, "dense")] = dense_matmul_vjp(self.kernels)
         self.pool = POOL
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from polygrad.ir.errors import ShapeError
 from polygrad.sparse.pattern import Pattern, indptr_from_rows
 from polygrad.sparse import is_sparse
 from polygrad.sparse.graph import edge_index_array
+from polygrad.sparse.pair_order import lexsort_pairs
 from polygrad.tensor import Tensor
 
 from .module import forward_memo
@@ -122,7 +123,7 @@ class EdgeGraph:
         e = self.dst.shape[0]
         self.num_edges = e
         # a stable sort by (destination, source): copies of one edge end up adjacent, in edge order
-        order = np.lexsort((self.src, self.dst)) if e else np.zeros(0, dtype=np.int64)
+        order = lexsort_pairs(self.src, self.dst) if e else np.zeros(0, dtype=np.int64)
         rows, cols = self.dst[order], self.src[order]
         first = np.ones(e, dtype=bool)
         if e > 1:

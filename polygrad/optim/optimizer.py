@@ -29,7 +29,8 @@ from polygrad.compile.recorder import note_group_write, update_recorder
 from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
-from .blocked_update import update_in_blocks
+from .blocked_update import PARALLEL_MIN, update_in_blocks
+from .multi_tensor import rule_key, run_together
 
 __all__ = ["Optimizer", "ParamGroup", "Rule"]
 
@@ -199,22 +200,31 @@ class Optimizer:
                 loss = closure()
         factor = self.lr_factor()
         homes = self.__dict__.setdefault("_state_homes", {})  # id(param) -> backend its state is on
-        undo = self._undo_record()
+        # each parameter's sparsity and leaf asked once per step (the undo record and the loop share them)
+        groups = [[(p, p.values if _is_sparse(p) else p) for p in group["params"]] for group in self.param_groups]
+        undo = self._undo_record([leaf for entries in groups for _, leaf in entries])
         recorded: list[int] = []  # the parameters whose updates a capture recorded
+        # small numpy parameters sharing a rule, updated as one concatenation (polygrad.optim.multi_tensor)
+        together = (self.elementwise_update and type(self)._update is Optimizer._update
+                    and type(self)._rule is not Optimizer._rule)
+        batches: dict[tuple, tuple[Rule, list]] = {}
         with pg.no_grad():
-            for index, group in enumerate(self.param_groups):
+            for index, (group, entries) in enumerate(zip(self.param_groups, groups)):
                 lr = group["lr"] * factor
-                for p in group["params"]:
-                    leaf = _leaf_of(p)
-                    grad = p.grad if p.grad is not None else (leaf.grad if leaf is not p else None)
+                for p, leaf in entries:
+                    grad = p.grad
+                    if grad is None and leaf is not p:
+                        grad = leaf.grad
                     if grad is None:
                         continue
                     if _is_sparse(grad):
-                        grad = grad.values if _is_sparse(p) else grad.to_dense()
+                        grad = grad.values if leaf is not p else grad.to_dense()
                     if grad.shape != leaf.shape:
                         raise pg.errors.ShapeError(f"{type(self).__name__}: gradient of shape {grad.shape} "
                                                    f"for a parameter of shape {leaf.shape}")
-                    fast = _fast(leaf) and _fast(grad) and grad.backend == leaf.backend
+                    # leaf and grad are dense here, so _fast(t) is whether t's array speaks the array API
+                    fast = (hasattr(leaf._data, "__array_namespace__") and hasattr(grad._data, "__array_namespace__")
+                            and grad.backend == leaf.backend)
                     x = leaf.array if fast else leaf
                     g = grad.array if fast else (grad if grad.backend == leaf.backend else grad.to(leaf.backend))
                     state = self.state.setdefault(id(p), {})
@@ -224,11 +234,21 @@ class Optimizer:
                     if rec is not None:  # pg.compile: the update is recorded for a backend to compile
                         new = self._recorded_update(rec, index, p, leaf, grad, lr, state)
                         recorded.append(id(p))
+                    elif together and fast and type(x) is np.ndarray and x.size < PARALLEL_MIN:
+                        self._init_state(x, group, state, fast)
+                        rule = self._rule(lr, group, state)
+                        key = rule_key(rule, x, g, state)
+                        if key is not None:  # updated below, with every parameter sharing its rule
+                            batches.setdefault(key, (rule, []))[1].append((leaf, x, g, state))
+                            continue
+                        new = self._apply_rule(rule, x, g, state)
                     elif self.elementwise_update:  # large host arrays: in blocks, on polygrad's threads
                         new = update_in_blocks(self._update, x, g, lr, group, state, fast)
                     else:
                         new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
+            for rule, members in batches.values():
+                self._update_together(rule, members)
         if undo is not None:
             try:
                 self._materialize()
@@ -272,10 +292,15 @@ class Optimizer:
             state[name] = array
         return out[0]
 
-    def _undo_record(self) -> Callable[[], None] | None:
-        """On lazy backends, how to put every parameter's storage and the state back (else None)."""
-        leaves = [_leaf_of(p) for p in self._params()]
-        if not any(leaf._be.lazy for leaf in leaves):
+    def _undo_record(self, leaves: list[Tensor] | None = None) -> Callable[[], None] | None:
+        """On lazy backends, how to put every parameter's storage and the state back (else None).
+        ``leaves``: every parameter's leaf (:func:`_leaf_of`) in order, when the caller has them."""
+        if leaves is None:
+            leaves = [_leaf_of(p) for p in self._params()]
+        for leaf in leaves:
+            if leaf._be.lazy:
+                break
+        else:
             return None
         storage = [(leaf, leaf._data) for leaf in leaves]
         state = {k: dict(v) for k, v in self.state.items()}
@@ -301,12 +326,29 @@ class Optimizer:
         """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier): its
         :meth:`_rule` applied (a subclass may override this instead, then it steps as host code)."""
         self._init_state(x, group, state, fast)
-        rule = self._rule(lr, group, state)
+        return self._apply_rule(self._rule(lr, group, state), x, g, state)
+
+    def _apply_rule(self, rule: Rule, x: Any, g: Any, state: dict) -> Any:
+        """``rule`` on one parameter's ``x`` and ``g``: its new value; ``state`` advanced."""
         out = rule.fn(x, g, *[state[n] for n in rule.reads], *rule.numbers, **rule.attrs)
         self._advance_state(state)
         for name, array in zip(rule.writes, out[1:]):
             state[name] = array
         return out[0]
+
+    def _update_together(self, rule: Rule, members: list) -> None:
+        """``rule`` on several parameters (``(leaf, x, g, state)`` each) as one concatenation, or on
+        each alone when there is one or the rule's results are not one array per element."""
+        outs = run_together(rule, [(x, g, state) for _, x, g, state in members]) if len(members) > 1 else None
+        for i, (leaf, x, g, state) in enumerate(members):
+            if outs is None:
+                new = self._apply_rule(rule, x, g, state)
+            else:
+                self._advance_state(state)
+                for name, array in zip(rule.writes, outs[i][1:]):
+                    state[name] = array
+                new = outs[i][0]
+            _write(leaf, new, True)
 
     def _init_state(self, x: Any, group: ParamGroup, state: dict, fast: bool) -> None:
         """Create a parameter's state before its first update (Adam's moments); default: none."""

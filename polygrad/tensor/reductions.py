@@ -88,7 +88,8 @@ def _shift(x: Tensor, axis) -> Tensor:
     """The max along ``axis`` (kept), detached, with non-finite maxima replaced by 0: subtracting
     it keeps exp() in range, and a row of -inf (or one +inf) must not turn into inf - inf = nan.
     The results below are shift-invariant, so no gradient needs to flow through it."""
-    m = max(x, axis, keepdims=True).detach()
+    m = max(x.detach(), axis, keepdims=True)  # detached first: the max records no graph node
+    # (m * 0 == 0 would test finiteness in two ops instead of three, but inf * 0 makes numpy warn)
     return where(m.abs() < math.inf, m, 0.0)
 
 
