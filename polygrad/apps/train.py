@@ -80,7 +80,8 @@ def _copy_tensor(t: Tensor) -> Tensor:
         return t.detach().with_values(_copy_tensor(t.values))   # same pattern, copied values
     if shares_arrays(t._be):  # immutable (or lazy) arrays: sharing one is a copy, no host trip
         return t.detach()
-    return pg.tensor(t.numpy().copy(), backend=t.backend)
+    be = t._be  # one copy, wrapped as it is (pg.tensor would copy it again and validate it)
+    return Tensor.from_backend(be.from_numpy(be.to_numpy(t._data).copy()), be)
 
 
 def _snapshot(epoch: int, loss: float, model: Module, optimizer: Optimizer) -> _Snapshot:

@@ -139,3 +139,29 @@ def test_bad_arguments():
             fit(m, opt, m.loss, epochs, **kwargs)
     with pytest.raises(TypeError, match="single-element"):
         fit(m, opt, lambda: m.w * 1.0 + pg.zeros(2, dtype=pg.float64), 1)
+
+
+def test_a_snapshot_is_a_private_copy_of_parameters_and_optimizer_state():
+    """fit's rollback point must not follow later writes into the live storage (p.numpy() is the
+    storage itself on numpy) nor share arrays with the optimizer's state."""
+    from polygrad.apps.train import _snapshot
+
+    pg.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = optim.Adam(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = pg.ones_like(p)
+    opt.step()
+    snap = _snapshot(0, 1.0, model, opt)
+    before = {k: v.numpy().copy() for k, v in snap.model.items()}
+    state_before = {k: {n: v.numpy().copy() for n, v in st.items() if isinstance(v, pg.Tensor)}
+                    for k, st in snap.optimizer["state"].items()}
+    for p in model.parameters():
+        p.numpy()[...] = 123.0  # the user writes into the live storage
+    opt.step()  # and training moves on
+    for k, v in snap.model.items():
+        assert np.array_equal(v.numpy(), before[k])
+    for k, st in snap.optimizer["state"].items():
+        for n, v in st.items():
+            if isinstance(v, pg.Tensor):
+                assert np.array_equal(v.numpy(), state_before[k][n])
