@@ -11,7 +11,7 @@ import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -63,18 +63,23 @@ def _grad_mode(enabled: bool):
     return enable_grad() if enabled else no_grad()
 
 
-def unbroadcast(g: "Tensor", shape: tuple) -> "Tensor":
-    """Sum ``g`` down to ``shape``: the one place broadcasting is undone."""
+def unbroadcast(g: Any, shape: tuple, reduce_sum: Callable[..., Any] | None = None) -> Any:
+    """Sum ``g`` down to ``shape``: the one place broadcasting is undone.
+
+    ``g`` is a tensor (summed with the SUM op), or a backend's raw array with ``reduce_sum`` its
+    SUM kernel (``reduce_sum(x, axes=..., keepdims=...)``): a fused backward such as
+    ``backends/matmul_vjp.py`` makes the calls this would dispatch."""
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
     if lead < 0:
         raise ShapeError(f"internal: gradient of shape {g.shape} cannot reduce to {shape}")
     if lead:  # summing the extra leading axes away needs no reshape afterwards
-        g = g.sum(axis=tuple(range(lead)))
+        axes = tuple(range(lead))
+        g = g.sum(axis=axes) if reduce_sum is None else reduce_sum(g, axes=axes, keepdims=False)
     ones = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
     if ones:
-        g = g.sum(axis=ones, keepdims=True)
+        g = g.sum(axis=ones, keepdims=True) if reduce_sum is None else reduce_sum(g, axes=ones, keepdims=True)
     return g
 
 

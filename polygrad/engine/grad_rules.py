@@ -17,7 +17,7 @@ conformance kit's edge-point set).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -76,12 +76,6 @@ def _needs(node) -> tuple[bool, ...]:
 
 def _mm(a, b):
     return apply(Op.MATMUL, (a, b))
-
-
-def _swap_last(x):
-    perm = list(range(x.ndim))
-    perm[-1], perm[-2] = perm[-2], perm[-1]
-    return apply(Op.PERMUTE, (x,), {"perm": tuple(perm)})
 
 
 def reads(inputs: str | tuple[bool, ...] = "all", output: bool = False) -> Callable[[Rule], Rule]:
@@ -257,28 +251,52 @@ def _concat_rule(node, out, g):
     return tuple(grads)
 
 
+def matmul_grads(g: Any, a: Any, b: Any, needs: tuple, reshape: Callable, mm: Callable,
+                 permute: Callable) -> tuple:
+    """``(dA, dB)`` of ``A @ B`` from ``dY``, before a broadcast operand is summed back to its shape:
+    ``dA = dY @ Bᵀ``, ``dB = Aᵀ @ dY``, with vector operands given their lost axis and back.
+
+    Written once over three primitives -- ``reshape(x, shape)``, ``mm(x, y)``, ``permute(x, perm)``
+    -- so the rule (polygrad ops) and a backend's fused backward (its raw kernels, e.g.
+    ``backends/matmul_vjp.py``) make the same calls on the same arrays, and agree bit for bit."""
+    na, nb = needs
+
+    def reshaped(x: Any, shape: tuple) -> Any:
+        return x if x.shape == shape else reshape(x, shape)
+
+    def swap_last(x: Any) -> Any:
+        perm = list(range(x.ndim))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        return permute(x, tuple(perm))
+
+    # an operand is only read for the other's gradient (it may be a data-less stand-in otherwise)
+    a2 = None if not nb else a if a.ndim > 1 else reshaped(a, (1, a.shape[0]))
+    b2 = None if not na else b if b.ndim > 1 else reshaped(b, (b.shape[0], 1))
+    g2 = g
+    if a.ndim == 1:  # put back the row axis a vector operand lost
+        g2 = reshaped(g2, g2.shape[:-1] + (1,) + g2.shape[-1:] if b.ndim > 1 else g2.shape + (1,))
+    if b.ndim == 1:
+        g2 = reshaped(g2, g2.shape + (1,))
+    ga = gb = None
+    if na:
+        ga = mm(g2, swap_last(b2))
+        if a.ndim == 1:
+            ga = reshaped(ga, ga.shape[:-2] + (a.shape[0],))
+    if nb:
+        gb = mm(swap_last(a2), g2)
+        if b.ndim == 1:
+            gb = reshaped(gb, gb.shape[:-2] + (b.shape[0],))
+    return ga, gb
+
+
+def _permute_op(x, perm: tuple):
+    return apply(Op.PERMUTE, (x,), {"perm": perm})
+
+
 @reads(inputs="cross")
 def _matmul_rule(node, out, g):
     a, b = node.inputs
-    na, nb = _needs(node)
-    # an operand is only read for the other's gradient (it may be a data-less stand-in otherwise)
-    a2 = None if not nb else a if a.ndim > 1 else _reshape(a, (1, a.shape[0]))
-    b2 = None if not na else b if b.ndim > 1 else _reshape(b, (b.shape[0], 1))
-    g2 = g
-    if a.ndim == 1:  # put back the row axis a vector operand lost
-        g2 = _reshape(g2, g2.shape[:-1] + (1,) + g2.shape[-1:] if b.ndim > 1 else g2.shape + (1,))
-    if b.ndim == 1:
-        g2 = _reshape(g2, g2.shape + (1,))
-    ga = gb = None
-    if na:
-        ga = _mm(g2, _swap_last(b2))
-        if a.ndim == 1:
-            ga = _reshape(ga, ga.shape[:-2] + (a.shape[0],))
-    if nb:
-        gb = _mm(_swap_last(a2), g2)
-        if b.ndim == 1:
-            gb = _reshape(gb, gb.shape[:-2] + (b.shape[0],))
-    return (ga, gb)
+    return matmul_grads(g, a, b, _needs(node), _reshape, _mm, _permute_op)
 
 
 def _spmm_op(values, x, pattern):
