@@ -15,6 +15,7 @@ Graphs that never fit on the client are read by the workers from edge shards
 (:func:`write_edge_shards`, :func:`load_edge_shards`); each row block stays on one worker and a
 product moves only its halo (the remote rows it touches).  :func:`locality_order` and
 :func:`relabel` renumber a graph so fewer edges cross blocks (:func:`halo_stats` measures it).
+:class:`DaskNeighborSampler` draws ``NeighborSampler``'s mini-batches on the workers holding the rows.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .backend import DaskBackend
 from .cluster import connect
 from .locality import halo_stats, locality_order, relabel
 from .partition import DistributedPattern, Partition
+from .sampling import DaskNeighborSampler
 from .shards import gcn_adjacency, load_edge_shards, write_edge_shards
 
 __version__ = "0.1.0"
@@ -35,6 +37,6 @@ def polygrad_backends() -> list:
     return [DaskBackend()]
 
 
-__all__ = ["DaskBackend", "DistributedPattern", "Partition", "chunks", "cluster", "connect",
+__all__ = ["DaskBackend", "DaskNeighborSampler", "DistributedPattern", "Partition", "chunks", "cluster", "connect",
            "gcn_adjacency", "halo_stats", "load_edge_shards", "locality", "locality_order", "memcap",
            "polygrad_backends", "relabel", "write_edge_shards"]
