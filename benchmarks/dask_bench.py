@@ -20,6 +20,12 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   difference from numpy's.  (With 3 such workers a worker holding a third of the 1M-node graph
   reached ~350 MB of its 384 MB cap mid-step and the step failed with the memory-cap error naming
   it: a worker process starts at ~68 MB, and each holds its share of every activation);
+* **sampled mini-batches**: GraphSAGE (2 layers, fan-outs 10, 5, 1,024 seeds per batch) trained
+  on ``POLYGRAD_DASK_BENCH_BATCHES`` batches (default 30) drawn by ``polygrad.data.NeighborSampler``
+  in one process holding the graph, and by ``polygrad_dask.DaskNeighborSampler`` over the same
+  shards on 2 workers (sampling and feature rows on the workers holding the rows; the step on the
+  client's numpy backend): time per batch (drawing it, and the whole step), the client's peak RSS,
+  and the largest loss difference (0: the batches are the same);
 * **partitioning**: the edge cut and halo of contiguous row blocks against reverse Cuthill-McKee
   and degree orderings (``polygrad_dask.locality``) on the uniform graph and on the scale
   benchmark's R-MAT graph, for 2 and 4 row blocks, with the traffic a GCN epoch would move.
@@ -53,6 +59,8 @@ CAPPED_WORKERS, CAP_SHARE = 4, 0.45
 #: smallest cap the capped run tries: a worker process starts near 70 MB (Python, numpy, scipy,
 #: dask, polygrad) before it holds any data
 MIN_CAP_MB = 200
+#: the sampled runs: fan-outs, seeds per batch, batches timed (the first is warm-up)
+FANOUTS, BATCH = (10, 5), 1024
 #: columns every GCN epoch multiplies by A: forward 16 + 8, their transposes in the backward
 SPMM_COLUMNS_PER_EPOCH = 2 * (HIDDEN + CLASSES)
 ITEMSIZE = 4  # float32
@@ -63,7 +71,8 @@ def _sizes(quick: bool) -> dict:
     return {"nodes": int(env("POLYGRAD_DASK_BENCH_NODES", 100_000 if quick else 1_000_000)),
             "edges": int(env("POLYGRAD_DASK_BENCH_EDGES", 1_000_000 if quick else 10_000_000)),
             "features": int(env("POLYGRAD_DASK_BENCH_FEATURES", 64)),
-            "epochs": int(env("POLYGRAD_DASK_BENCH_EPOCHS", 2 if quick else 3))}
+            "epochs": int(env("POLYGRAD_DASK_BENCH_EPOCHS", 2 if quick else 3)),
+            "batches": int(env("POLYGRAD_DASK_BENCH_BATCHES", 10 if quick else 30))}
 
 
 def _peak_rss_mb() -> float:
@@ -110,6 +119,83 @@ def targets_rows(lo: int, hi: int):
     parts = _pieces(lo, hi, lambda rng, n: rng.integers(0, CLASSES, size=n))
     labels = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     return np.eye(CLASSES, dtype=np.float32)[labels]
+
+
+def labels_rows(lo: int, hi: int):
+    """Rows [lo, hi) of the integer labels (the classes of :func:`targets_rows`)."""
+    import numpy as np
+
+    parts = _pieces(lo, hi, lambda rng, n: rng.integers(0, CLASSES, size=n))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _train_sampled(sampler, features: int, batches: int) -> dict:
+    """GraphSAGE on the client's numpy backend over ``batches`` of ``sampler``'s batches: the
+    median seconds to draw a batch and to run a whole step (draw included), and the losses."""
+    import time
+
+    import numpy as np
+    import polygrad as pg
+    from polygrad import nn, optim
+
+    pg.manual_seed(SEED)
+    with pg.use_backend("numpy"):
+        model = nn.GraphSAGE(features, HIDDEN, len(FANOUTS), CLASSES, dropout=0.0)
+        opt = optim.Adam(model.parameters(), lr=0.01)
+        it = iter(sampler)
+        draw_s, step_s, losses, nodes = [], [], [], []
+        for _ in range(batches + 1):
+            start = time.perf_counter()
+            sub = next(it)
+            drawn = time.perf_counter()
+            logits = model(pg.tensor(sub.x), sub.edge_index)
+            loss = nn.cross_entropy(logits[np.arange(sub.batch_size)], sub.y[:sub.batch_size])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.item()))
+            draw_s.append(drawn - start)
+            step_s.append(time.perf_counter() - start)
+            nodes.append(sub.num_nodes)
+    return {"draw_s": float(np.median(draw_s[1:])), "step_s": float(np.median(step_s[1:])), "losses": losses,
+            "batch_nodes": int(np.median(nodes)), "peak_rss_mb": _peak_rss_mb()}
+
+
+def child_sampled_numpy(s: dict) -> dict:
+    """The graph, features and labels in this process; the shards' orientation (a row samples
+    among its columns: ``edge_index[[1, 0]]``), so the batches equal the Dask sampler's."""
+    from polygrad.data import NeighborSampler
+
+    ei = _graph(s)
+    sampler = NeighborSampler(ei[[1, 0]], s["nodes"], list(FANOUTS), batch_size=BATCH, seed=SEED,
+                              x=features_rows(0, s["nodes"], s["features"]), y=labels_rows(0, s["nodes"]))
+    del ei
+    return _train_sampled(sampler, s["features"], s["batches"])
+
+
+def child_sampled_dask(s: dict, shards: str, workers: int) -> dict:
+    """The graph read from the shards by the workers, features and labels drawn there; the client
+    holds the seed pool and one batch."""
+    import polygrad as pg
+    import polygrad_dask
+
+    client = polygrad_dask.connect(workers=workers)
+    polygrad_dask.chunks.set_partitions(workers)
+    try:
+        rows = polygrad_dask.chunks.row_chunks(s["nodes"])
+        make_x = functools.partial(_features_of, s["features"])
+        x = pg.Tensor.from_backend(_on_workers(rows, make_x, make_x(0, 0)), "dask")
+        y = pg.Tensor.from_backend(_on_workers(rows, labels_rows, labels_rows(0, 0)), "dask")
+        pg.materialize(x)
+        pg.materialize(y)
+        sampler = polygrad_dask.DaskNeighborSampler.from_shards(shards, list(FANOUTS), batch_size=BATCH, seed=SEED,
+                                                                x=x, y=y)
+        out = _train_sampled(sampler, s["features"], s["batches"])
+        out["worker_peak_rss_mb"] = sorted(round(v["peak_rss_mb"], 1) for v in client.run(_worker_stats).values())
+        out["block_mb"] = [round(b / 2**20, 1) for b in sampler.nbytes_per_block]
+        return out
+    finally:
+        polygrad_dask.cluster.close(client)
 
 
 def _train(model_x, adj, target, epochs: int) -> tuple[list[float], list[float]]:
@@ -291,6 +377,8 @@ def run(quick: bool) -> dict:
         # a client spawned by a parent that had held the graph would report the parent's peak
         _spawn("shards", s, str(Path(tmp) / "g2"), "2")
         got = _spawn("dask", s, str(Path(tmp) / "g2"), "2", "0")
+        sampled_np = _spawn("sampled_numpy", s)
+        sampled = _spawn("sampled_dask", s, str(Path(tmp) / "g2"), "2")
         capped: dict
         if cap_mb < MIN_CAP_MB:
             capped = {"error": f"skipped: a cap of {cap_mb:.0f} MB is under {MIN_CAP_MB} MB (a worker process "
@@ -340,6 +428,23 @@ def run(quick: bool) -> dict:
                         "capped_epoch_s": capped["epoch_s"], "capped_loss_gap": gap,
                         "capped_spill": capped["spill"], "meets_capped_target": gap <= 1e-5})
     rows.append(cap_row)
+    sampled_gap = _loss_gap(sampled["losses"], sampled_np["losses"])
+    rows += [{"section": "sampled, numpy (1 process)", "draw_s": round(sampled_np["draw_s"], 4),
+              "step_s": round(sampled_np["step_s"], 4), "peak_rss_mb": round(sampled_np["peak_rss_mb"], 1),
+              "batch_nodes": sampled_np["batch_nodes"]},
+             {"section": "sampled, dask (2 workers)", "draw_s": round(sampled["draw_s"], 4),
+              "step_s": round(sampled["step_s"], 4),
+              "peak_rss_mb": f"workers {sampled['worker_peak_rss_mb']}, client {round(sampled['peak_rss_mb'], 1)}",
+              "batch_nodes": sampled["batch_nodes"], "loss_gap": f"{sampled_gap:.1e}"}]
+    summary.update({"sampled_fanouts": list(FANOUTS), "sampled_batch_size": BATCH, "sampled_batches": s["batches"],
+                    "sampled_numpy_step_s": sampled_np["step_s"], "sampled_dask_step_s": sampled["step_s"],
+                    "sampled_step_ratio": sampled["step_s"] / sampled_np["step_s"],
+                    "sampled_numpy_draw_s": sampled_np["draw_s"], "sampled_dask_draw_s": sampled["draw_s"],
+                    "sampled_numpy_peak_rss_mb": sampled_np["peak_rss_mb"],
+                    "sampled_dask_client_peak_rss_mb": sampled["peak_rss_mb"],
+                    "sampled_dask_client_peak_ratio": sampled["peak_rss_mb"] / sampled_np["peak_rss_mb"],
+                    "sampled_dask_worker_peak_rss_mb": sampled["worker_peak_rss_mb"],
+                    "sampled_dask_block_mb": sampled["block_mb"], "sampled_loss_gap": sampled_gap})
     for p in parts:
         rows.append({"section": f"partition {p['graph']} {p['order']} x{p['blocks']}",
                      "cut_fraction": p["cut_fraction"], "halo_rows": p["halo_rows"],
@@ -354,5 +459,7 @@ if __name__ == "__main__":
     children = {"numpy": lambda: child_numpy(sizes),
                 "shards": lambda: child_shards(sizes, rest[0], int(rest[1])),
                 "dask": lambda: child_dask(sizes, rest[0], int(rest[1]), float(rest[2])),
-                "partitioning": lambda: child_partitioning(sizes)}
+                "partitioning": lambda: child_partitioning(sizes),
+                "sampled_numpy": lambda: child_sampled_numpy(sizes),
+                "sampled_dask": lambda: child_sampled_dask(sizes, rest[0], int(rest[1]))}
     print(json.dumps(children[kind]()))

@@ -129,12 +129,13 @@ class NeighborSampler:
             edge_index = np.stack([np.concatenate(srcs), np.concatenate(dsts)])
         finally:
             ids.release()
-        return SampledGraph(n_id=nodes, edge_index=edge_index, batch_size=int(seeds.shape[0]),
-                            x=None if self.x is None else self._rows(self.x, nodes),
-                            y=None if self.y is None else self._rows(self.y, nodes))
+        x, y = self._node_values(nodes)
+        return SampledGraph(n_id=nodes, edge_index=edge_index, batch_size=int(seeds.shape[0]), x=x, y=y)
 
-    def _rows(self, values: Any, nodes: np.ndarray) -> Any:
-        return _take(values, nodes)
+    def _node_values(self, nodes: np.ndarray) -> tuple[Any, Any]:
+        """The feature and label rows of ``nodes`` (None where the sampler has none)."""
+        return (None if self.x is None else _take(self.x, nodes),
+                None if self.y is None else self.y[nodes])
 
     def _check_seeds(self, seeds: Any) -> np.ndarray:
         seeds = np.asarray(seeds)

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polygrad.data.sampler import NeighborSampler, _Numbering, check_edge_index, incoming_csr, sample_rows
+from polygrad.data.csr import CSRMatrix
+from polygrad.data.sampler import NeighborSampler, _Numbering, _take as take_rows, check_edge_index, incoming_csr, sample_rows
 from polygrad.errors import DataError
 
 from . import chunks, cluster, memcap
@@ -139,7 +140,7 @@ class DaskNeighborSampler(NeighborSampler):
             if values is not None and (not hasattr(values, "shape") or values.shape[0] != self.num_nodes):
                 raise DataError(f"DaskNeighborSampler: {name} has {getattr(values, 'shape', ('no',))[0]} rows "
                                 f"for {self.num_nodes} nodes")
-        self.x = x if x is None or _is_dask(x) else np.asarray(x)
+        self.x = x if x is None or _is_dask(x) or isinstance(x, CSRMatrix) else np.asarray(x)
         self.y = y if y is None or _is_dask(y) else np.asarray(y)
 
     def _hold(self, bounds: Sequence[int], blocks: list) -> None:
@@ -183,10 +184,16 @@ class DaskNeighborSampler(NeighborSampler):
         order = np.argsort(owner, kind="stable")
         return src[order], owner[order]
 
-    def _rows(self, values: Any, nodes: np.ndarray) -> Any:
-        if not _is_dask(values):
-            return super()._rows(values, nodes)
-        return _gather_rows(values, nodes)
+    def _node_values(self, nodes: np.ndarray) -> tuple[Any, Any]:
+        """Numpy x / y rows read here; dask ones on their workers, both in one round trip."""
+        values = [self.x, self.y]
+        on_workers = [i for i, v in enumerate(values) if v is not None and _is_dask(v)]
+        out: list[Any] = [None if v is None else take_rows(v, nodes) for v in values]
+        if on_workers:
+            got = _gather_rows([values[i] for i in on_workers], nodes)
+            for i, rows in zip(on_workers, got):
+                out[i] = rows
+        return out[0], out[1]
 
 
 def _nbytes(block: SamplerBlock) -> int:
@@ -199,26 +206,31 @@ def _is_dask(values: Any) -> bool:
     return isinstance(values, da.Array)
 
 
-def _gather_rows(array: Any, nodes: np.ndarray) -> np.ndarray:
-    """Rows ``nodes`` of the row-blocked dask ``array``: each block's rows taken on the worker
-    holding it (only they travel to the client)."""
+def _gather_rows(arrays: list, nodes: np.ndarray) -> list[np.ndarray]:
+    """Rows ``nodes`` of each row-blocked dask array of ``arrays``: each block's rows taken on the
+    worker holding it (only they travel to the client), all arrays in one computation."""
     import dask
 
     client = cluster.client()
-    sizes = array.chunks[0]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    which = np.searchsorted(starts[1:-1], nodes, side="right")
-    parts, positions = [], []
-    for b in np.unique(which):
-        idx = np.flatnonzero(which == b)
-        block = array.blocks[(int(b),) + (0,) * (array.ndim - 1)]
-        with cluster.pinned(int(b)):
-            parts.append(dask.delayed(_take)(block, nodes[idx] - starts[b]))
-        positions.append(idx)
-    got = client.gather(client.compute(parts, optimize_graph=False))
-    out = np.empty((nodes.shape[0],) + tuple(array.shape[1:]), dtype=array.dtype)
-    for idx, rows in zip(positions, got):
-        out[idx] = rows
+    parts, plans = [], []
+    for array in arrays:
+        starts = np.concatenate([[0], np.cumsum(array.chunks[0])])
+        which = np.searchsorted(starts[1:-1], nodes, side="right")
+        plan = []
+        for b in np.unique(which):
+            idx = np.flatnonzero(which == b)
+            block = array.blocks[(int(b),) + (0,) * (array.ndim - 1)]
+            with cluster.pinned(int(b)):
+                parts.append(dask.delayed(_take)(block, nodes[idx] - starts[b]))
+            plan.append(idx)
+        plans.append(plan)
+    got = iter(client.gather(client.compute(parts, optimize_graph=False)))
+    out = []
+    for array, plan in zip(arrays, plans):
+        rows = np.empty((nodes.shape[0],) + tuple(array.shape[1:]), dtype=array.dtype)
+        for idx in plan:
+            rows[idx] = next(got)
+        out.append(rows)
     return out
 
 
