@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from polygrad.data.csr import CSRMatrix
-from polygrad.data.sampler import NeighborSampler, _Numbering, _take as take_rows, check_edge_index, incoming_csr, sample_rows
+from polygrad.data.sampler import NeighborSampler, _Numbering, check_edge_index, incoming_csr, sample_rows
+from polygrad.data.sampler import _take as take_rows
 from polygrad.errors import DataError
 
 from . import chunks, cluster, memcap
