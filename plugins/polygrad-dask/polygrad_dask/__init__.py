@@ -27,7 +27,7 @@ from .cluster import connect
 from .locality import halo_stats, locality_order, relabel
 from .partition import DistributedPattern, Partition
 from .sampling import DaskNeighborSampler
-from .shards import gcn_adjacency, load_edge_shards, write_edge_shards
+from .shards import gcn_adjacency, load_edge_shards, node_order, write_edge_shards
 
 __version__ = "0.1.0"
 
@@ -39,4 +39,4 @@ def polygrad_backends() -> list:
 
 __all__ = ["DaskBackend", "DaskNeighborSampler", "DistributedPattern", "Partition", "chunks", "cluster", "connect",
            "gcn_adjacency", "halo_stats", "load_edge_shards", "locality", "locality_order", "memcap",
-           "polygrad_backends", "relabel", "write_edge_shards"]
+           "node_order", "polygrad_backends", "relabel", "write_edge_shards"]

@@ -3,10 +3,12 @@
 Layout of a shard directory (written by :func:`write_edge_shards`)::
 
     DIR/meta.json        {"format": "polygrad-edge-shards", "version": 1, "num_nodes": N,
-                          "num_edges": E, "bounds": [0, b1, ..., N], "values": false}
+                          "num_edges": E, "bounds": [0, b1, ..., N], "values": false[,
+                          "order": "rcm"]}
     DIR/part-00000.npz   rows (int64), cols (int64)[, values]: the edges whose row (edge_index[0])
     DIR/part-00001.npz   lies in [bounds[i], bounds[i+1]), in any order
     ...
+    DIR/order.npy        (with "order") the old id of each node id the shards use
 
 Entry ``A[rows[e], cols[e]]`` (PyG's ``edge_index[0]``, ``edge_index[1]``; repeated edges are
 summed, as ``pg.from_edge_index`` does).  ``bounds`` are the row blocks of
@@ -31,15 +33,21 @@ from polygrad.errors import DataError, MemoryBudgetError
 from polygrad.sparse import SparseTensor
 from polygrad.tensor import sddmm
 
-from . import chunks, cluster, memcap
+from . import chunks, cluster, locality, memcap
 from .partition import DistributedPattern, RowBlock, build_block, finish
 
 FORMAT = "polygrad-edge-shards"
 
 
 def write_edge_shards(edge_index: Any, num_nodes: int, path: "str | os.PathLike", partitions: int | None = None,
-                      values: Any = None) -> Path:
-    """Write ``edge_index`` (int ``[2, E]``) as row-block shards under ``path``; returns the path."""
+                      values: Any = None, *, order: Any = None) -> Path:
+    """Write ``edge_index`` (int ``[2, E]``) as row-block shards under ``path``; returns the path.
+
+    ``order``: renumber the nodes first so fewer edges cross row blocks -- ``"rcm"`` or
+    ``"degree"`` (``polygrad_dask.locality_order``), or an explicit permutation (the old id of each
+    new id).  The shards then use the new ids; :func:`node_order` reads the permutation back, so
+    features and labels are loaded as ``x[node_order(path)]`` and row ``k`` of a result is node
+    ``node_order(path)[k]``.  ``None`` or ``"contiguous"``: ids as given."""
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
         raise DataError(f"write_edge_shards: num_nodes must be an integer >= 0, got {num_nodes!r}")
     ei = np.asarray(edge_index)
@@ -50,6 +58,9 @@ def write_edge_shards(edge_index: Any, num_nodes: int, path: "str | os.PathLike"
     vals = None if values is None else np.asarray(values)
     if vals is not None and vals.shape != (ei.shape[1],):
         raise DataError(f"write_edge_shards: values must have one entry per edge ({ei.shape[1]}), got {vals.shape}")
+    method, perm = _ordering(ei, int(num_nodes), order)
+    if perm is not None:
+        ei = locality.relabel(ei, perm)
     saved = chunks.partitions
     try:
         chunks.set_partitions(partitions or saved)
@@ -69,8 +80,56 @@ def write_edge_shards(edge_index: Any, num_nodes: int, path: "str | os.PathLike"
         np.savez(out / f"part-{i:05d}.npz", **arrays)
     meta = {"format": FORMAT, "version": 1, "num_nodes": int(num_nodes), "num_edges": int(ei.shape[1]),
             "bounds": [int(b) for b in bounds], "values": vals is not None}
+    (out / "order.npy").unlink(missing_ok=True)
+    if perm is not None:
+        np.save(out / "order.npy", perm)
+        meta["order"] = method
     (out / "meta.json").write_text(json.dumps(meta))
     return out
+
+
+def _ordering(ei: np.ndarray, n: int, order: Any) -> tuple[str, np.ndarray | None]:
+    """(name, permutation or None) of ``write_edge_shards``' ``order`` argument."""
+    if order is None or (isinstance(order, str) and order == "contiguous"):
+        return "contiguous", None
+    if isinstance(order, str):
+        if order not in locality.METHODS:
+            raise DataError(f"write_edge_shards: order must be one of {locality.METHODS}, a permutation or None, "
+                            f"got {order!r}")
+        return order, locality.locality_order(ei, n, order)
+    perm = np.asarray(order)
+    if perm.shape != (n,) or (perm.size and perm.dtype.kind not in "iu") or not _is_permutation(perm):
+        raise DataError(f"write_edge_shards: order must be a permutation of the {n} node ids, got "
+                        f"{perm.dtype} {perm.shape}")
+    return "custom", perm.astype(np.int64)
+
+
+def _is_permutation(perm: np.ndarray) -> bool:
+    seen = np.zeros(perm.shape[0], dtype=bool)
+    if perm.size and (perm.min() < 0 or perm.max() >= perm.shape[0]):
+        return False
+    seen[perm] = True
+    return bool(seen.all())
+
+
+def node_order(path: "str | os.PathLike") -> np.ndarray | None:
+    """The old id of each node id of the shards under ``path`` (written with an ``order``), or
+    None when they use the ids they were given.  A missing or damaged ``order.npy`` is a
+    DataError."""
+    meta = read_meta(path)
+    if "order" not in meta:
+        return None
+    where = Path(path) / "order.npy"
+    try:
+        perm = np.load(where, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - missing, truncated, not an array: all unreadable
+        raise DataError(f"load_edge_shards: {where} is unreadable ({type(exc).__name__}: {exc}); meta.json says "
+                        f"the shards were renumbered by {meta['order']!r}") from exc
+    n = int(meta["num_nodes"])
+    if perm.shape != (n,) or (perm.size and perm.dtype.kind not in "iu") or not _is_permutation(perm):
+        raise DataError(f"load_edge_shards: {where} is not a permutation of the {n} node ids "
+                        f"({perm.dtype} {perm.shape})")
+    return perm.astype(np.int64, copy=False)
 
 
 def read_meta(path: "str | os.PathLike") -> dict:
