@@ -26,6 +26,11 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   shards on 2 workers (sampling and feature rows on the workers holding the rows; the step on the
   client's numpy backend): time per batch (drawing it, and the whole step), the client's peak RSS,
   and the largest loss difference (0: the batches are the same);
+* **ordered loading**: GCN on 2 workers from shards written with ``write_edge_shards(order=...)``
+  (contiguous ids, reverse Cuthill-McKee, degree), on the uniform and the R-MAT graph at a fifth
+  of the size (``POLYGRAD_DASK_BENCH_ORDER_SHARE``): the bytes the workers actually sent each
+  other per epoch and the epoch time, next to the cut and halo ``halo_stats`` predicts, and the
+  loss difference from the contiguous run (features permuted with the nodes: the same problem);
 * **partitioning**: the edge cut and halo of contiguous row blocks against reverse Cuthill-McKee
   and degree orderings (``polygrad_dask.locality``) on the uniform graph and on the scale
   benchmark's R-MAT graph, for 2 and 4 row blocks, with the traffic a GCN epoch would move.
@@ -298,10 +303,70 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         polygrad_dask.cluster.close(client)
 
 
-def child_shards(s: dict, path: str, partitions: int) -> dict:
+def child_shards(s: dict, path: str, partitions: int, kind: str = "uniform", order: str = "contiguous") -> dict:
+    import time
+
     import polygrad_dask
-    polygrad_dask.write_edge_shards(_graph(s), s["nodes"], path, partitions=partitions)
-    return {"peak_rss_mb": _peak_rss_mb()}
+
+    ei = _graph(s, kind)
+    start = time.perf_counter()
+    polygrad_dask.write_edge_shards(ei, s["nodes"], path, partitions=partitions, order=order)
+    seconds = time.perf_counter() - start
+    perm = polygrad_dask.node_order(path)
+    st = polygrad_dask.halo_stats(ei if perm is None else polygrad_dask.relabel(ei, perm), s["nodes"], partitions)
+    return {"peak_rss_mb": _peak_rss_mb(), "write_s": seconds, "cut_fraction": st["cut_fraction"],
+            "halo_rows": st["halo_rows"], "edge_imbalance": st["edge_imbalance"]}
+
+
+def child_ordered(s: dict, shards: str) -> dict:
+    """GCN on 2 workers from (possibly renumbered) shards, features and targets permuted with the
+    nodes: the bytes the workers send each other per epoch, the epoch time, the losses."""
+    import numpy as np
+
+    import polygrad as pg
+    import polygrad_dask
+
+    client = polygrad_dask.connect(workers=2)
+    polygrad_dask.chunks.set_partitions(2)
+    try:
+        perm = polygrad_dask.node_order(shards)
+        perm = np.arange(s["nodes"]) if perm is None else perm
+        adj = polygrad_dask.gcn_adjacency(shards, dtype=np.float32)
+        x = pg.tensor(features_rows(0, s["nodes"], s["features"])[perm], backend="dask")
+        target = pg.tensor(targets_rows(0, s["nodes"])[perm], backend="dask")
+        pg.materialize(x)
+        pg.materialize(target)
+        before = client.run(_worker_stats)
+        seconds, losses = _train(x, adj, target, s["epochs"])
+        after = client.run(_worker_stats)
+        moved = sum(after[w]["sent"] - before[w]["sent"] for w in after) / (s["epochs"] + 1)
+        return {"epoch_s": float(np.median(seconds)), "bytes_moved_per_epoch": moved, "losses": losses,
+                "halo_rows": sum(getattr(adj.pattern, "partition").halo_rows().values())}
+    finally:
+        polygrad_dask.cluster.close(client)
+
+
+def ordered_loading(s: dict, tmp: str) -> list[dict]:
+    """The ordered-loading rows: per graph and ordering, the prediction and the measured run."""
+    share = float(os.environ.get("POLYGRAD_DASK_BENCH_ORDER_SHARE", "0.2"))
+    small = dict(s, nodes=int(s["nodes"] * share), edges=2 * int(s["edges"] * share / 2))
+    rows = []
+    for kind in ("uniform", "rmat"):
+        base = None
+        for order in ("contiguous", "rcm", "degree"):
+            where = str(Path(tmp) / f"{kind}-{order}")
+            shard = _spawn("shards", small, where, "2", kind, order)
+            got = _spawn("ordered", small, where)
+            base = base or got
+            rows.append({"graph": kind, "order": order, "nodes": small["nodes"], "edges": small["edges"],
+                         "cut_fraction": round(shard["cut_fraction"], 4), "halo_rows": got["halo_rows"],
+                         "edge_imbalance": round(shard["edge_imbalance"], 2),
+                         "predicted_bytes_per_edge_epoch": round(got["halo_rows"] * SPMM_COLUMNS_PER_EPOCH * ITEMSIZE
+                                                                 / small["edges"], 2),
+                         "moved_bytes_per_edge_epoch": round(got["bytes_moved_per_epoch"] / small["edges"], 2),
+                         "epoch_s": round(got["epoch_s"], 3), "write_s": round(shard["write_s"], 2),
+                         "loss_gap_vs_contiguous": _loss_gap(got["losses"], base["losses"])})
+    return rows
 
 
 def child_partitioning(s: dict) -> dict:
@@ -379,6 +444,7 @@ def run(quick: bool) -> dict:
         got = _spawn("dask", s, str(Path(tmp) / "g2"), "2", "0")
         sampled_np = _spawn("sampled_numpy", s)
         sampled = _spawn("sampled_dask", s, str(Path(tmp) / "g2"), "2")
+        ordered = ordered_loading(s, tmp)
         capped: dict
         if cap_mb < MIN_CAP_MB:
             capped = {"error": f"skipped: a cap of {cap_mb:.0f} MB is under {MIN_CAP_MB} MB (a worker process "
@@ -445,6 +511,10 @@ def run(quick: bool) -> dict:
                     "sampled_dask_client_peak_ratio": sampled["peak_rss_mb"] / sampled_np["peak_rss_mb"],
                     "sampled_dask_worker_peak_rss_mb": sampled["worker_peak_rss_mb"],
                     "sampled_dask_block_mb": sampled["block_mb"], "sampled_loss_gap": sampled_gap})
+    for o in ordered:
+        rows.append({"section": f"ordered loading {o['graph']} {o['order']} x2 ({o['nodes']} nodes)",
+                     **{k: v for k, v in o.items() if k not in ("graph", "order", "nodes")}})
+    summary["ordered_loading"] = ordered
     for p in parts:
         rows.append({"section": f"partition {p['graph']} {p['order']} x{p['blocks']}",
                      "cut_fraction": p["cut_fraction"], "halo_rows": p["halo_rows"],
@@ -457,7 +527,8 @@ def run(quick: bool) -> dict:
 if __name__ == "__main__":
     kind, sizes, rest = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
     children = {"numpy": lambda: child_numpy(sizes),
-                "shards": lambda: child_shards(sizes, rest[0], int(rest[1])),
+                "shards": lambda: child_shards(sizes, rest[0], int(rest[1]), *rest[2:]),
+                "ordered": lambda: child_ordered(sizes, rest[0]),
                 "dask": lambda: child_dask(sizes, rest[0], int(rest[1]), float(rest[2])),
                 "partitioning": lambda: child_partitioning(sizes),
                 "sampled_numpy": lambda: child_sampled_numpy(sizes),
