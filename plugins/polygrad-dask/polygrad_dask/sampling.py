@@ -20,14 +20,15 @@ or the shard file) on the worker that replaces it; the batch being drawn waits f
 from __future__ import annotations
 
 import os
+from collections import deque
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from polygrad.data.csr import CSRMatrix
-from polygrad.data.sampler import NeighborSampler, _Numbering, check_edge_index, incoming_csr, sample_rows
-from polygrad.data.sampler import _take as take_rows
+from polygrad.data.sampler import NeighborSampler, SampledGraph, _Numbering, check_edge_index, incoming_csr
+from polygrad.data.sampler import _take as take_rows, sample_rows
 from polygrad.errors import DataError
 
 from . import chunks, cluster, memcap
@@ -89,13 +90,19 @@ class DaskNeighborSampler(NeighborSampler):
     dask-backend tensors (their rows read on the workers holding them).  ``partitions``: row
     blocks of destinations (default: the backend's, ``polygrad_dask.chunks``).  :meth:`from_shards`
     reads the graph from edge shards on the workers instead (the client never holds it).
+    ``prefetch``: batches drawn ahead, in a background thread, while the caller trains on the
+    current one (the draw is mostly waiting for workers); 0 draws each batch when asked.  Whole
+    epochs give the same batches either way (one thread draws them, in order); an epoch left
+    early has drawn ``prefetch`` batches more from the generator.
     """
+
+    prefetch: int = 1
 
     def __init__(self, edge_index: Any, num_nodes: int, fanouts: Sequence[int], batch_size: int = 512,
                  input_nodes: Any = None, shuffle: bool = True, seed: Any = 0, *, x: Any = None, y: Any = None,
-                 partitions: int | None = None):
+                 partitions: int | None = None, prefetch: int = 1):
         ei = check_edge_index(edge_index, num_nodes, "DaskNeighborSampler")
-        self._configure_rows(num_nodes, fanouts, batch_size, input_nodes, shuffle, seed, x, y)
+        self._configure_rows(num_nodes, fanouts, batch_size, input_nodes, shuffle, seed, x, y, prefetch)
         bounds = _bounds(self.num_nodes, partitions)
         client = cluster.client()
         # the edges of each block travel inside the task that builds it: its lineage, so a lost
@@ -114,7 +121,7 @@ class DaskNeighborSampler(NeighborSampler):
     @classmethod
     def from_shards(cls, path: "str | os.PathLike", fanouts: Sequence[int], batch_size: int = 512,
                     input_nodes: Any = None, shuffle: bool = True, seed: Any = 0, *, x: Any = None,
-                    y: Any = None) -> "DaskNeighborSampler":
+                    y: Any = None, prefetch: int = 1) -> "DaskNeighborSampler":
         """A sampler over the edge shards under ``path`` (``write_edge_shards``), one block per
         shard, read by the workers.  A node's neighbours are the columns of its row -- the nodes
         ``A @ X`` aggregates from -- so the batches are ``NeighborSampler(edge_index[[1, 0]], ...)``'s
@@ -123,7 +130,7 @@ class DaskNeighborSampler(NeighborSampler):
 
         meta = read_meta(path)
         self = cls.__new__(cls)
-        self._configure_rows(int(meta["num_nodes"]), fanouts, batch_size, input_nodes, shuffle, seed, x, y)
+        self._configure_rows(int(meta["num_nodes"]), fanouts, batch_size, input_nodes, shuffle, seed, x, y, prefetch)
         bounds = tuple(int(b) for b in meta["bounds"])
         client = cluster.client()
         where = os.fspath(Path(path).resolve())
@@ -133,7 +140,10 @@ class DaskNeighborSampler(NeighborSampler):
         return self
 
     def _configure_rows(self, num_nodes: int, fanouts: Sequence[int], batch_size: int, input_nodes: Any,
-                        shuffle: bool, seed: Any, x: Any, y: Any) -> None:
+                        shuffle: bool, seed: Any, x: Any, y: Any, prefetch: int) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise DataError(f"DaskNeighborSampler: prefetch must be an integer >= 0, got {prefetch!r}")
+        self.prefetch = int(prefetch)
         x, y = _unwrap(x), _unwrap(y)
         # the base class checks all but x / y: those may be dask arrays, which it would pull here
         self._configure(num_nodes, fanouts, batch_size, input_nodes, shuffle, seed, None, None)
@@ -154,6 +164,29 @@ class DaskNeighborSampler(NeighborSampler):
         for f in blocks:
             if f.status == "error":
                 f.result()    # the worker's own error (a DataError naming the shard, a memory cap)
+
+    def __iter__(self) -> Iterator[SampledGraph]:
+        if self.prefetch == 0:
+            yield from super().__iter__()
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        seeds = self.rng.permutation(self.input_nodes) if self.shuffle else self.input_nodes
+        starts = iter(range(0, seeds.shape[0], self.batch_size))
+        # one thread draws every batch, in order: the generator's draws (one key per batch) come
+        # in the same sequence as without prefetching
+        with ThreadPoolExecutor(1, thread_name_prefix="polygrad-dask-sampler") as pool:
+            ahead: deque = deque()
+            try:
+                for start in starts:
+                    ahead.append(pool.submit(self.sample, seeds[start:start + self.batch_size]))
+                    if len(ahead) > self.prefetch:
+                        yield ahead.popleft().result()
+                while ahead:
+                    yield ahead.popleft().result()
+            finally:
+                for pending in ahead:      # the caller stopped early: drop what was drawn ahead
+                    pending.cancel()
 
     @property
     def nbytes_per_block(self) -> list[int]:

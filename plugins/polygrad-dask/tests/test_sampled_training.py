@@ -80,12 +80,13 @@ def _same_batches(a, b) -> int:
     return count
 
 
-@pytest.mark.parametrize("partitions", [1, 2, 3, 7])
-def test_batches_equal_numpy_samplers_however_the_rows_are_split(client, graph, partitions):
+@pytest.mark.parametrize("partitions, prefetch", [(1, 0), (2, 1), (3, 3), (7, 1)])
+def test_batches_equal_numpy_samplers_however_the_rows_are_split(client, graph, partitions, prefetch):
     ei, feats, labels, train = graph
     want = NeighborSampler(ei, N, FANOUTS, batch_size=256, input_nodes=train, seed=11, x=feats, y=labels)
     got = DaskNeighborSampler(ei, N, FANOUTS, batch_size=256, input_nodes=train, seed=11,
-                              x=pg.tensor(feats, backend="dask"), y=labels, partitions=partitions)
+                              x=pg.tensor(feats, backend="dask"), y=labels, partitions=partitions,
+                              prefetch=prefetch)
     assert len(got.blocks) == partitions
     for _ in range(2):                                     # two epochs: the reshuffle agrees too
         assert _same_batches(want, got) == len(want)
@@ -170,6 +171,8 @@ def test_bad_input_is_a_data_error(client, graph, tmp_path):
     ei, feats, _, _ = graph
     with pytest.raises(DataError, match="partitions"):
         DaskNeighborSampler(ei, N, FANOUTS, partitions=0)
+    with pytest.raises(DataError, match="prefetch"):
+        DaskNeighborSampler(ei, N, FANOUTS, prefetch=-1)
     with pytest.raises(DataError, match="x has 10 rows"):
         DaskNeighborSampler(ei, N, FANOUTS, x=feats[:10])
     with pytest.raises(DataError, match="outside"):
