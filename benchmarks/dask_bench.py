@@ -25,7 +25,8 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   in one process holding the graph, and by ``polygrad_dask.DaskNeighborSampler`` over the same
   shards on 2 workers (sampling and feature rows on the workers holding the rows; the step on the
   client's numpy backend): time per batch (drawing it, and the whole step), the client's peak RSS,
-  and the largest loss difference (0: the batches are the same);
+  and the largest loss difference (0: the batches are the same).  POLYGRAD_DASK_BENCH_PREFETCH
+  sets the sampler's ``prefetch`` (default 0);
 * **ordered loading**: GCN on 2 workers from shards written with ``write_edge_shards(order=...)``
   (contiguous ids, reverse Cuthill-McKee, degree), on the uniform and the R-MAT graph at a fifth
   of the size (``POLYGRAD_DASK_BENCH_ORDER_SHARE``): the bytes the workers actually sent each
@@ -193,8 +194,9 @@ def child_sampled_dask(s: dict, shards: str, workers: int) -> dict:
         y = pg.Tensor.from_backend(_on_workers(rows, labels_rows, labels_rows(0, 0)), "dask")
         pg.materialize(x)
         pg.materialize(y)
-        sampler = polygrad_dask.DaskNeighborSampler.from_shards(shards, list(FANOUTS), batch_size=BATCH, seed=SEED,
-                                                                x=x, y=y)
+        sampler = polygrad_dask.DaskNeighborSampler.from_shards(
+            shards, list(FANOUTS), batch_size=BATCH, seed=SEED, x=x, y=y,
+            prefetch=int(os.environ.get("POLYGRAD_DASK_BENCH_PREFETCH", "0")))
         out = _train_sampled(sampler, s["features"], s["batches"])
         out["worker_peak_rss_mb"] = sorted(round(v["peak_rss_mb"], 1) for v in client.run(_worker_stats).values())
         out["block_mb"] = [round(b / 2**20, 1) for b in sampler.nbytes_per_block]

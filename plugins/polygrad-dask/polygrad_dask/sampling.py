@@ -91,16 +91,17 @@ class DaskNeighborSampler(NeighborSampler):
     blocks of destinations (default: the backend's, ``polygrad_dask.chunks``).  :meth:`from_shards`
     reads the graph from edge shards on the workers instead (the client never holds it).
     ``prefetch``: batches drawn ahead, in a background thread, while the caller trains on the
-    current one (the draw is mostly waiting for workers); 0 draws each batch when asked.  Whole
-    epochs give the same batches either way (one thread draws them, in order); an epoch left
-    early has drawn ``prefetch`` batches more from the generator.
+    current one (the draw is mostly waiting for workers: worth it where the client has a core
+    of its own); 0, the default, draws each batch when asked.  Whole epochs give the same
+    batches either way (one thread draws them, in order); an epoch left early has drawn
+    ``prefetch`` batches more from the generator.
     """
 
-    prefetch: int = 1
+    prefetch: int = 0
 
     def __init__(self, edge_index: Any, num_nodes: int, fanouts: Sequence[int], batch_size: int = 512,
                  input_nodes: Any = None, shuffle: bool = True, seed: Any = 0, *, x: Any = None, y: Any = None,
-                 partitions: int | None = None, prefetch: int = 1):
+                 partitions: int | None = None, prefetch: int = 0):
         ei = check_edge_index(edge_index, num_nodes, "DaskNeighborSampler")
         self._configure_rows(num_nodes, fanouts, batch_size, input_nodes, shuffle, seed, x, y, prefetch)
         bounds = _bounds(self.num_nodes, partitions)
@@ -121,7 +122,7 @@ class DaskNeighborSampler(NeighborSampler):
     @classmethod
     def from_shards(cls, path: "str | os.PathLike", fanouts: Sequence[int], batch_size: int = 512,
                     input_nodes: Any = None, shuffle: bool = True, seed: Any = 0, *, x: Any = None,
-                    y: Any = None, prefetch: int = 1) -> "DaskNeighborSampler":
+                    y: Any = None, prefetch: int = 0) -> "DaskNeighborSampler":
         """A sampler over the edge shards under ``path`` (``write_edge_shards``), one block per
         shard, read by the workers.  A node's neighbours are the columns of its row -- the nodes
         ``A @ X`` aggregates from -- so the batches are ``NeighborSampler(edge_index[[1, 0]], ...)``'s
