@@ -243,23 +243,32 @@ def _is_dask(values: Any) -> bool:
 
 def _gather_rows(arrays: list, nodes: np.ndarray) -> list[np.ndarray]:
     """Rows ``nodes`` of each row-blocked dask array of ``arrays``: each block's rows taken on the
-    worker holding it (only they travel to the client), all arrays in one computation."""
+    worker holding it (only they travel to the client), all arrays in one round trip.  A
+    persisted block is read straight from its future (no graph to build per batch)."""
     import dask
+    from distributed import futures_of
 
     client = cluster.client()
-    parts, plans = [], []
+    pending, plans = [], []
     for array in arrays:
+        held = {f.key: f for f in futures_of(array)}
         starts = np.concatenate([[0], np.cumsum(array.chunks[0])])
         which = np.searchsorted(starts[1:-1], nodes, side="right")
         plan = []
         for b in np.unique(which):
             idx = np.flatnonzero(which == b)
-            block = array.blocks[(int(b),) + (0,) * (array.ndim - 1)]
-            with cluster.pinned(int(b)):
-                parts.append(dask.delayed(_take)(block, nodes[idx] - starts[b]))
+            index = (int(b),) + (0,) * (array.ndim - 1)
+            rows = nodes[idx] - starts[b]
+            future = held.get((array.name,) + index)
+            if future is not None:
+                pending.append(client.submit(_take, future, rows, pure=False, **cluster.placed(client, int(b))))
+            else:
+                with cluster.pinned(int(b)):
+                    pending.append(client.compute(dask.delayed(_take)(array.blocks[index], rows),
+                                                  optimize_graph=False))
             plan.append(idx)
         plans.append(plan)
-    got = iter(client.gather(client.compute(parts, optimize_graph=False)))
+    got = iter(client.gather(pending))
     out = []
     for array, plan in zip(arrays, plans):
         rows = np.empty((nodes.shape[0],) + tuple(array.shape[1:]), dtype=array.dtype)

@@ -101,6 +101,14 @@ def test_full_fanout_and_explicit_seeds_equal_numpy(client, graph):
     assert want.edge_index.shape[1] > 0
 
 
+def _on_workers(values):
+    """A dask-backend tensor persisted on the workers (its rows are read from their futures)."""
+    t = pg.tensor(values, backend="dask")
+    pg.materialize(t)
+    assert polygrad_dask.backend._persisted(t.array)
+    return t
+
+
 def _train(batches, epochs: int = 2):
     """GraphSAGE on the numpy backend over the sampler's batches: losses and final parameters."""
     pg.manual_seed(0)
@@ -122,8 +130,8 @@ def test_sampled_training_on_dask_equals_numpy_bitwise(client, graph):
     ei, feats, labels, train = graph
     args = dict(batch_size=300, input_nodes=train, seed=3)
     want_losses, want_params = _train(NeighborSampler(ei, N, FANOUTS, x=feats, y=labels, **args))
-    got_losses, got_params = _train(DaskNeighborSampler(ei, N, FANOUTS, x=pg.tensor(feats, backend="dask"),
-                                                        y=pg.tensor(labels, backend="dask"), **args))
+    x, y = _on_workers(feats), _on_workers(labels)
+    got_losses, got_params = _train(DaskNeighborSampler(ei, N, FANOUTS, x=x, y=y, **args))
     assert got_losses == want_losses and len(got_losses) == 2 * len(NeighborSampler(ei, N, FANOUTS, **args))
     for a, b in zip(got_params, want_params, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -135,7 +143,7 @@ def test_killed_worker_mid_epoch_is_rebuilt_with_the_same_numbers(client, graph)
     ei, feats, labels, train = graph
     args = dict(batch_size=300, input_nodes=train, seed=4)
     want_losses, want_params = _train(NeighborSampler(ei, N, FANOUTS, x=feats, y=labels, **args), epochs=1)
-    sampler = DaskNeighborSampler(ei, N, FANOUTS, x=pg.tensor(feats, backend="dask"), y=labels, **args)
+    sampler = DaskNeighborSampler(ei, N, FANOUTS, x=_on_workers(feats), y=labels, **args)
     killed = []
 
     def killing():
