@@ -14,7 +14,9 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   row block on the worker holding the graph's rows, and trains the same model with ``fit``.  It
   reports the epoch time, each worker's and the client's peak RSS, and the bytes the workers sent
   each other per epoch (``transfer_outgoing_bytes_total``), against the halo the partition
-  predicts (the remote rows the row blocks fetch: ``Partition.halo_rows``);
+  predicts (the remote rows the row blocks fetch: ``Partition.halo_rows``), and where the workers'
+  time went (dask's task stream: compute seconds per task kind, time receiving data, and the
+  share of 2 x wall the workers computed at all);
 * **dask, capped workers**: the same training on 4 workers whose ``memory_limit`` is 45% of the
   numpy run's peak (each holds less than the single-process run needs): the largest loss
   difference from numpy's.  (With 3 such workers a worker holding a third of the 1M-node graph
@@ -292,17 +294,49 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         target = pg.Tensor.from_backend(_on_workers(rows, targets_rows, targets_rows(0, 0)), "dask")
         pg.materialize(target)
         before = client.run(_worker_stats)
-        seconds, losses = _train(x, adj, target, s["epochs"])
+        from distributed import get_task_stream
+
+        import time
+
+        start = time.perf_counter()
+        with get_task_stream(client) as stream:
+            seconds, losses = _train(x, adj, target, s["epochs"])
+        wall = time.perf_counter() - start
         after = client.run(_worker_stats)
         moved = sum(after[w]["sent"] - before[w]["sent"] for w in after) / (s["epochs"] + 1)
         halo = sum(getattr(adj.pattern, "partition").halo_rows().values())
         return {"epoch_s": float(np.median(seconds)), "client_peak_rss_mb": _peak_rss_mb(),
+                "profile": _profile(stream.data, wall, s["epochs"] + 1, workers),
                 "worker_peak_rss_mb": sorted(round(v["peak_rss_mb"], 1) for v in after.values()),
                 "bytes_moved_per_epoch": moved, "halo_rows": halo, "losses": losses,
                 "spill": sorted({str(v["spill"]) for v in after.values()}),
                 "worker_idle_rss_mb": max(v["rss_mb"] for v in idle.values())}
     finally:
         polygrad_dask.cluster.close(client)
+
+
+def _profile(records: list, wall_s: float, epochs: int, workers: int) -> dict:
+    """Where the workers' time went, per epoch (the warm-up one included), from dask's task
+    stream, over ``wall_s`` seconds of ``epochs`` epochs: compute seconds by task
+    kind (the key's prefix: ``_spmm_block``, ``matmul``, ...), seconds spent receiving data, and
+    the busy share (compute over workers x wall: the rest is waiting for halos and the scheduler)."""
+    import collections
+
+    compute: collections.Counter = collections.Counter()
+    transfer = 0.0
+    for rec in records:
+        key = rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]
+        kind = str(key).rsplit("-", 1)[0]
+        for span in rec["startstops"]:
+            took = span["stop"] - span["start"]
+            if span["action"] == "compute":
+                compute[kind] += took
+            elif span["action"] == "transfer":
+                transfer += took
+    busy = sum(compute.values())
+    return {"tasks_per_epoch": len(records) / epochs, "busy_share": busy / max(workers * wall_s, 1e-9),
+            "transfer_s_per_epoch": transfer / epochs,
+            "compute_s_per_epoch": {k: round(v / epochs, 3) for k, v in compute.most_common(10)}}
 
 
 def child_shards(s: dict, path: str, partitions: int, kind: str = "uniform", order: str = "contiguous") -> dict:
@@ -468,6 +502,11 @@ def run(quick: bool) -> dict:
          "peak_rss_mb": f"workers {got['worker_peak_rss_mb']}, client {round(got['client_peak_rss_mb'], 1)}",
          "moved_mb_per_epoch": round(got["bytes_moved_per_epoch"] / 2**20, 1),
          "loss_gap": f"{_loss_gap(got['losses'], anchor['losses']):.1e}"},
+        {"section": "dask (2 workers): where the workers' time went",
+         "status": f"busy {got['profile']['busy_share']:.0%} of 2 x wall, "
+                   f"{got['profile']['tasks_per_epoch']:.0f} tasks/epoch, receiving "
+                   f"{got['profile']['transfer_s_per_epoch']:.2f} s/epoch; compute s/epoch "
+                   + ", ".join(f"{k} {v}" for k, v in list(got["profile"]["compute_s_per_epoch"].items())[:6])},
     ]
     summary = {"nodes": s["nodes"], "edges": s["edges"], "features": s["features"],
                "numpy_epoch_s": anchor["epoch_s"], "dask_epoch_s": got["epoch_s"],
@@ -478,6 +517,7 @@ def run(quick: bool) -> dict:
                "bytes_moved_per_edge_per_epoch": per_edge,
                "halo_bytes_per_edge_per_epoch": got["halo_rows"] * SPMM_COLUMNS_PER_EPOCH * ITEMSIZE / s["edges"],
                "loss_gap_2_workers": _loss_gap(got["losses"], anchor["losses"]),
+               "dask_profile": got["profile"],
                "worker_idle_rss_mb": got["worker_idle_rss_mb"], **_projection(s, got),
                "meets_worker_target": worker_ratio <= 0.55, "meets_client_target": client_ratio <= 0.25,
                "meets_epoch_target": epoch_ratio <= 1.3, "meets_traffic_target": per_edge <= 20}
