@@ -24,6 +24,7 @@ from polygrad.runtime.threads import run_blocks
 
 from . import parallel
 from .array_kernels import make_kernels
+from .cross_entropy_kernels import cross_entropy_vjp
 from .matmul_vjp import dense_matmul_vjp
 
 #: large kernel outputs come from here and are reused once unreferenced (polygrad.runtime.pool)
@@ -300,6 +301,7 @@ class NumpyBackend(pg.Backend):
         self.kernels[(Op.EXPAND, "dense")] = expand
         # after every forward kernel is final: the fused backward calls exactly these
         self.vjp_kernels[(Op.MATMUL, "dense")] = dense_matmul_vjp(self.kernels)
+        self.vjp_kernels[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_vjp(self.kernels, np)
         self.pool = POOL
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:

@@ -220,6 +220,21 @@ def _matmul(op, shapes, dtypes, attrs):
     return out, promote(*dtypes)
 
 
+def _cross_entropy(op, shapes, dtypes, attrs):
+    (shape,), (dtype,) = shapes, dtypes
+    target, reduction = attrs["target"], attrs["reduction"]
+    if len(shape) != 2 or shape[1] < 1 or not is_floating(dtype):
+        raise ShapeError(f"op 'cross_entropy': logits must be floating [N, C] with C >= 1, got {shape}:{dtype}")
+    if not isinstance(target, np.ndarray) or target.dtype != int64 or target.shape != shape[:1]:
+        raise ShapeError(f"op 'cross_entropy': target must be an int64 array [{shape[0]}], got "
+                         f"{getattr(target, 'dtype', type(target).__name__)} {getattr(target, 'shape', '')}")
+    if target.size and (int(target.min()) < 0 or int(target.max()) >= shape[1]):
+        raise IndexOutOfRangeError(f"op 'cross_entropy': target class out of range [0, {shape[1]})")
+    if reduction not in ("mean", "sum", "none"):
+        raise ShapeError(f"op 'cross_entropy': reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return (shape[:1] if reduction == "none" else ()), dtype
+
+
 def _check_pattern_values(op, shape, pattern):
     if len(shape) != 1 or shape[0] != pattern.nnz:
         raise ShapeError(f"op '{op}': values must be 1-D with nnz={pattern.nnz} entries, got {shape}")
@@ -259,7 +274,7 @@ _RULES: dict[Op, Callable[..., Spec]] = {
     Op.SUM: _reduce, Op.MAX: _reduce,
     Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand,
     Op.GETITEM: _getitem, Op.INDEX_ADD: _index_add, Op.CONCAT: _concat,
-    Op.MATMUL: _matmul,
+    Op.MATMUL: _matmul, Op.CROSS_ENTROPY: _cross_entropy,
     Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment, Op.SEGMENT_MAX: _segment,
 }
 

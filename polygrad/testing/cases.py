@@ -282,6 +282,14 @@ def _dense_cases() -> list[Case]:
                                         ("batched", (2, 3, 4), (4, 5)), ("batch_bcast", (1, 3, 2), (2, 2, 4)),
                                         ("inner0", (3, 0), (0, 2)), ("rows0", (0, 3), (3, 2)))):
         add(Case(Op.MATMUL, name, (_normal(sa, 600 + i), _normal(sb, 620 + i))))
+    # cross-entropy: each reduction, one class, no rows (mean: NaN, as the composite)
+    classes = np.array([0, 2, 1, 2], dtype=np.int64)
+    for i, reduction in enumerate(("mean", "sum", "none")):
+        add(Case(Op.CROSS_ENTROPY, reduction, (_normal((4, 3), 640 + i),), {"target": classes, "reduction": reduction}))
+    add(Case(Op.CROSS_ENTROPY, "one_class", (_normal((3, 1), 643),),
+             {"target": np.zeros(3, dtype=np.int64), "reduction": "mean"}))
+    add(Case(Op.CROSS_ENTROPY, "no_rows", (_normal((0, 2), 644),),
+             {"target": np.zeros(0, dtype=np.int64), "reduction": "sum"}))
     return C
 
 
@@ -385,6 +393,12 @@ def _dense_bad_cases() -> list[BadCase]:
     add(BadCase(Op.MATMUL, "inner_mismatch", (f, np.ones((4, 2)))))
     add(BadCase(Op.MATMUL, "zero_dim", (np.array(1.0), f)))
     add(BadCase(Op.MATMUL, "bool", (np.ones((2, 2), dtype=bool), np.ones((2, 2), dtype=bool)), error=DTypeError))
+    mean = {"reduction": "mean"}
+    add(BadCase(Op.CROSS_ENTROPY, "class_out_of_range", (f,), {"target": np.array([0, 3]), **mean},
+                error=IndexOutOfRangeError))
+    add(BadCase(Op.CROSS_ENTROPY, "target_rows", (f,), {"target": np.array([0, 1, 2]), **mean}))
+    add(BadCase(Op.CROSS_ENTROPY, "vector_logits", (np.ones(3),), {"target": np.array([0, 1, 2]), **mean}))
+    add(BadCase(Op.CROSS_ENTROPY, "reduction", (f,), {"target": np.array([0, 1]), "reduction": "max"}))
     return B
 
 
