@@ -299,6 +299,15 @@ def _matmul_rule(node, out, g):
     return matmul_grads(g, a, b, _needs(node), _reshape, _mm, _permute_op)
 
 
+@reads(inputs=(False, True, True))
+def _addmm_rule(node, out, g):
+    # input + mat1 @ mat2: the add's rule (g to both; autodiff sums the input's broadcast axes),
+    # then the product's
+    _, a, b = node.inputs
+    needs = _needs(node)
+    return (g if needs[0] else None, *matmul_grads(g, a, b, needs[1:], _reshape, _mm, _permute_op))
+
+
 def _spmm_op(values, x, pattern):
     return apply(Op.SPMM, (values, x), {"pattern": pattern}, pattern.layout)
 

@@ -220,6 +220,15 @@ def _matmul(op, shapes, dtypes, attrs):
     return out, promote(*dtypes)
 
 
+def _addmm(op, shapes, dtypes, attrs):
+    if len(set(dtypes)) != 1:
+        raise DTypeError(f"op 'addmm': operands must share one dtype, got {_shapes_and_dtypes(shapes, dtypes)}")
+    out, dtype = _matmul(op, shapes[1:], dtypes[1:], attrs)
+    if broadcast_shapes(op, out, shapes[0]) != out:
+        raise ShapeError(f"op 'addmm': input of shape {shapes[0]} does not broadcast to the product's {out}")
+    return out, dtype
+
+
 def _cross_entropy(op, shapes, dtypes, attrs):
     (shape,), (dtype,) = shapes, dtypes
     target, reduction = attrs["target"], attrs["reduction"]
@@ -274,7 +283,7 @@ _RULES: dict[Op, Callable[..., Spec]] = {
     Op.SUM: _reduce, Op.MAX: _reduce,
     Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand,
     Op.GETITEM: _getitem, Op.INDEX_ADD: _index_add, Op.CONCAT: _concat,
-    Op.MATMUL: _matmul, Op.CROSS_ENTROPY: _cross_entropy,
+    Op.MATMUL: _matmul, Op.ADDMM: _addmm, Op.CROSS_ENTROPY: _cross_entropy,
     Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment, Op.SEGMENT_MAX: _segment,
 }
 

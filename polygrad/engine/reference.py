@@ -276,6 +276,9 @@ def run(op: Op, flats: Sequence[Flat], attrs: dict) -> Flat:
         return _concat(flats, attrs["axis"])
     if op == Op.MATMUL:
         return _matmul(flats[0], flats[1])
+    if op == Op.ADDMM:  # the product, then the input added with broadcasting (as the composite)
+        items, shape = _matmul(flats[1], flats[2])
+        return run(Op.ADD, [(items, shape), flats[0]], {})
     if op == Op.CROSS_ENTROPY:
         return _cross_entropy(flats[0], attrs["target"], attrs["reduction"])
     if op == Op.SPMM:

@@ -58,6 +58,7 @@ class Op(str, Enum):
     INDEX_ADD = "index_add", "movement"
     CONCAT = "concat", "movement"
     MATMUL = "matmul"  # linear algebra
+    ADDMM = "addmm", "fused"  # input + mat1 @ mat2 (nn.Linear's x @ W + b)
     CROSS_ENTROPY = "cross_entropy", "fused"  # pg.cross_entropy at integer classes (attrs: target, reduction)
     SPMM = "spmm", "sparse"
     SDDMM = "sddmm", "sparse"

@@ -211,6 +211,13 @@ SPECS: dict[Op, OpSpec] = {
                       edges=("An inner dimension of 0 gives zeros.", "Both operands are at least 1-D."),
                       examples=(Example("vector @ matrix", (np.array([1.0, 2.0]), np.array([[1.0, 0.0], [0.0, 3.0]]))),
                                 Example("inner dimension 0", (np.zeros((2, 0)), np.zeros((0, 2)))))),
+    Op.ADDMM: OpSpec("`mat1 @ mat2 + input` (PyTorch's addmm; nn.Linear's `x @ W + b`)", "input, mat1, mat2",
+                     output="the product's shape (input broadcasts to it); the operands' one dtype",
+                     edges=("Must give the bits of `add(matmul(mat1, mat2), input)`, the composite it fuses: "
+                            "`backends/addmm_kernels.py` builds such a kernel from a backend's own.",
+                            "Operands of different dtypes are a DTypeError (the front end runs the composite)."),
+                     examples=(Example("bias row", (np.array([1.0, -1.0]), np.array([[1.0, 2.0]]),
+                                                    np.array([[1.0, 0.0], [0.0, 1.0]]))),)),
     Op.CROSS_ENTROPY: OpSpec(
         "Softmax cross-entropy at integer classes: `-log_softmax(x)[i, target[i]]`, reduced", "x (floating, [N, C])",
         attrs=(("target", "int64 numpy array [N]",
@@ -262,6 +269,8 @@ def _group(op: Op) -> str:
             return name
     if op == Op.CROSS_ENTROPY:
         return "loss"
+    if op == Op.ADDMM:
+        return "linear algebra (fused)"
     return "ternary elementwise" if op == Op.WHERE else "linear algebra"
 
 
