@@ -17,10 +17,12 @@ from typing import Any, Callable
 from polygrad.engine.autodiff import unbroadcast
 from polygrad.ir.ops import Op
 
+
+from .kernel_view import KernelTable
 from .matmul_vjp import dense_matmul_vjp
 
 
-def addmm_kernel(kernels: dict) -> Callable:
+def addmm_kernel(kernels: KernelTable) -> Callable:
     """The forward kernel ``(input, mat1, mat2) -> mat1 @ mat2 + input`` over ``kernels``."""
 
     def addmm(bias: Any, a: Any, b: Any) -> Any:
@@ -29,7 +31,7 @@ def addmm_kernel(kernels: dict) -> Callable:
     return addmm
 
 
-def addmm_vjp(kernels: dict) -> Callable:
+def addmm_vjp(kernels: KernelTable) -> Callable:
     """The fused backward ``(dY, input, mat1, mat2, needs) -> (dInput, dMat1, dMat2)`` over
     ``kernels`` (read when it runs)."""
     matmul_vjp = dense_matmul_vjp(kernels)

@@ -18,11 +18,13 @@ from typing import Any, Callable
 from polygrad.engine import cross_entropy
 from polygrad.ir.ops import Op
 
+from .kernel_view import KernelTable
+
 
 class KernelSteps:
     """:class:`polygrad.engine.cross_entropy.Steps` over raw kernels ``kernels[(op, "dense")]``."""
 
-    def __init__(self, kernels: dict, xp: Any) -> None:
+    def __init__(self, kernels: KernelTable, xp: Any) -> None:
         self._k = kernels
         self._xp = xp
 
@@ -48,7 +50,7 @@ class KernelSteps:
     def detached(self, x: Any) -> Any: return x
 
 
-def cross_entropy_kernel(kernels: dict, xp: Any) -> Callable:
+def cross_entropy_kernel(kernels: KernelTable, xp: Any) -> Callable:
     """The forward kernel ``(logits, *, target, reduction) -> loss`` over ``kernels``."""
     steps = KernelSteps(kernels, xp)
 
@@ -58,7 +60,7 @@ def cross_entropy_kernel(kernels: dict, xp: Any) -> Callable:
     return kernel
 
 
-def cross_entropy_vjp(kernels: dict, xp: Any) -> Callable:
+def cross_entropy_vjp(kernels: KernelTable, xp: Any) -> Callable:
     """The fused backward ``(dLoss, logits, *, needs, target, reduction) -> (dLogits,)``."""
     steps = KernelSteps(kernels, xp)
 

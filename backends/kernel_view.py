@@ -9,9 +9,15 @@ a backend used on its own -- the backend's own table).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from polygrad.runtime.registry import registry
+
+
+class KernelTable(Protocol):
+    """What a fused kernel reads its kernels from: a backend's dict, or a :class:`DispatchKernels`."""
+
+    def __getitem__(self, key: tuple, /) -> Callable[..., Any]: ...
 
 
 class DispatchKernels:

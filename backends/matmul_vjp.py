@@ -20,8 +20,10 @@ from polygrad.engine.autodiff import unbroadcast
 from polygrad.engine.grad_rules import matmul_grads
 from polygrad.ir.ops import Op
 
+from .kernel_view import KernelTable
 
-def dense_matmul_vjp(kernels: dict) -> Callable:
+
+def dense_matmul_vjp(kernels: KernelTable) -> Callable:
     """The fused ``(dY, A, B, needs) -> (dA, dB)`` of MATMUL over ``kernels`` (a backend's
     ``(op, layout) -> kernel`` table, or a :class:`~polygrad.backends.kernel_view.DispatchKernels`
     view of it; read when the kernel runs)."""

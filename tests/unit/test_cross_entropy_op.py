@@ -139,6 +139,20 @@ def test_scalar_backend_and_validate_mode_agree_with_numpy():
         assert pg.cross_entropy(pg.tensor(x), target).item() == want
 
 
+def test_the_fused_kernel_calls_what_dispatch_runs():
+    """A fault injected into exp (as a plugin override would replace it) reaches the fused op,
+    which then falls back as a whole, to the clean answer."""
+    from polygrad.testing import inject_fault
+
+    x, target = np.random.default_rng(4).normal(size=(3, 4)), np.array([3, 0, 1])
+    clean = run(x, target, "mean", None)
+    with inject_fault("numpy", "exp") as fault:
+        faulty = run(x, target, "mean", None)  # (run records the warnings)
+    assert fault.triggered >= 1 and any("op 'cross_entropy' failed" in w for w in faulty[2])
+    np.testing.assert_allclose(faulty[0], clean[0], rtol=1e-12)
+    np.testing.assert_allclose(faulty[1], clean[1], rtol=1e-12)
+
+
 def test_bad_targets_are_named():
     x = pg.tensor(np.zeros((2, 3)))
     with pytest.raises(pg.errors.ShapeError, match="out of range"):
