@@ -308,6 +308,14 @@ def _addmm_rule(node, out, g):
     return (g if needs[0] else None, *matmul_grads(g, a, b, needs[1:], _reshape, _mm, _permute_op))
 
 
+@reads(inputs=(False, True, True))
+def _addcmul_rule(node, out, g):
+    # input + a * b (the product has the output's shape): the add's rule, then the product's
+    _, a, b = node.inputs
+    nc, na, nb = _needs(node)
+    return (g if nc else None, _mul(g, b) if na else None, _mul(g, a) if nb else None)
+
+
 def _spmm_op(values, x, pattern):
     return apply(Op.SPMM, (values, x), {"pattern": pattern}, pattern.layout)
 

@@ -229,6 +229,16 @@ def _addmm(op, shapes, dtypes, attrs):
     return out, dtype
 
 
+def _addcmul(op, shapes, dtypes, attrs):
+    if len(set(dtypes)) != 1 or dtypes[0] == bool_:
+        raise DTypeError(f"op 'addcmul': operands must share one non-bool dtype, got "
+                         f"{_shapes_and_dtypes(shapes, dtypes)}")
+    product = broadcast_shapes(op, shapes[1], shapes[2])
+    if broadcast_shapes(op, product, shapes[0]) != product:
+        raise ShapeError(f"op 'addcmul': input of shape {shapes[0]} does not broadcast to the product's {product}")
+    return product, dtypes[0]
+
+
 def _cross_entropy(op, shapes, dtypes, attrs):
     (shape,), (dtype,) = shapes, dtypes
     target, reduction = attrs["target"], attrs["reduction"]
@@ -283,7 +293,7 @@ _RULES: dict[Op, Callable[..., Spec]] = {
     Op.SUM: _reduce, Op.MAX: _reduce,
     Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand,
     Op.GETITEM: _getitem, Op.INDEX_ADD: _index_add, Op.CONCAT: _concat,
-    Op.MATMUL: _matmul, Op.ADDMM: _addmm, Op.CROSS_ENTROPY: _cross_entropy,
+    Op.MATMUL: _matmul, Op.ADDMM: _addmm, Op.ADDCMUL: _addcmul, Op.CROSS_ENTROPY: _cross_entropy,
     Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment, Op.SEGMENT_MAX: _segment,
 }
 

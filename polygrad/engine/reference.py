@@ -279,6 +279,8 @@ def run(op: Op, flats: Sequence[Flat], attrs: dict) -> Flat:
     if op == Op.ADDMM:  # the product, then the input added with broadcasting (as the composite)
         items, shape = _matmul(flats[1], flats[2])
         return run(Op.ADD, [(items, shape), flats[0]], {})
+    if op == Op.ADDCMUL:  # the product first, then the input added (as the composite)
+        return run(Op.ADD, [flats[0], run(Op.MUL, [flats[1], flats[2]], {})], {})
     if op == Op.CROSS_ENTROPY:
         return _cross_entropy(flats[0], attrs["target"], attrs["reduction"])
     if op == Op.SPMM:

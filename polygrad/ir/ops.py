@@ -59,6 +59,7 @@ class Op(str, Enum):
     CONCAT = "concat", "movement"
     MATMUL = "matmul"  # linear algebra
     ADDMM = "addmm", "fused"  # input + mat1 @ mat2 (nn.Linear's x @ W + b)
+    ADDCMUL = "addcmul", "fused"  # input + tensor1 * tensor2 (GINConv's out + x * (1 + eps))
     CROSS_ENTROPY = "cross_entropy", "fused"  # pg.cross_entropy at integer classes (attrs: target, reduction)
     SPMM = "spmm", "sparse"
     SDDMM = "sddmm", "sparse"

@@ -287,6 +287,11 @@ def _dense_cases() -> list[Case]:
                                             ("full", (3, 2), (3, 4), (4, 2)), ("scalar", (), (3, 4), (4, 2)),
                                             ("rows0", (2,), (0, 3), (3, 2)), ("inner0", (2,), (3, 0), (0, 2)))):
         add(Case(Op.ADDMM, name, (_normal(si, 660 + i), _normal(sa, 670 + i), _normal(sb, 680 + i))))
+    # addcmul: the product of the output's shape; the input and a factor broadcast
+    for i, (name, si, sa, sb) in enumerate((("same", (3, 2), (3, 2), (3, 2)), ("scale_1", (3, 2), (3, 2), (1,)),
+                                            ("bias_row", (2,), (3, 2), (3, 2)), ("scalar_input", (), (3, 2), (2,)),
+                                            ("empty", (0, 2), (0, 2), (1,)))):
+        add(Case(Op.ADDCMUL, name, (_normal(si, 700 + i), _normal(sa, 710 + i), _normal(sb, 720 + i))))
     # cross-entropy: each reduction, one class, no rows (mean: NaN, as the composite)
     classes = np.array([0, 2, 1, 2], dtype=np.int64)
     for i, reduction in enumerate(("mean", "sum", "none")):
@@ -401,6 +406,9 @@ def _dense_bad_cases() -> list[BadCase]:
     add(BadCase(Op.ADDMM, "inner_mismatch", (np.ones(2), f, np.ones((2, 2)))))
     add(BadCase(Op.ADDMM, "input_too_big", (np.ones((4, 2)), f, np.ones((3, 2)))))
     add(BadCase(Op.ADDMM, "mixed_dtypes", (np.ones(2, dtype=np.float32), f, np.ones((3, 2))), error=DTypeError))
+    add(BadCase(Op.ADDCMUL, "factors_mismatch", (f, f, np.ones((3, 2)))))
+    add(BadCase(Op.ADDCMUL, "input_too_big", (np.ones((4, 2, 3)), f, f)))
+    add(BadCase(Op.ADDCMUL, "mixed_dtypes", (f, f.astype(np.float32), f), error=DTypeError))
     mean = {"reduction": "mean"}
     add(BadCase(Op.CROSS_ENTROPY, "class_out_of_range", (f,), {"target": np.array([0, 3]), **mean},
                 error=IndexOutOfRangeError))

@@ -218,6 +218,15 @@ SPECS: dict[Op, OpSpec] = {
                             "Operands of different dtypes are a DTypeError (the front end runs the composite)."),
                      examples=(Example("bias row", (np.array([1.0, -1.0]), np.array([[1.0, 2.0]]),
                                                     np.array([[1.0, 0.0], [0.0, 1.0]]))),)),
+    Op.ADDCMUL: OpSpec("`input + tensor1 * tensor2` (PyTorch's addcmul; GINConv's `out + x * (1 + eps)`)",
+                       "input, tensor1, tensor2",
+                       output="the product's shape (the factors broadcast; input broadcasts to the product); "
+                              "the operands' one dtype",
+                       edges=("Must give the bits of `add(input, mul(tensor1, tensor2))`, the composite it fuses: "
+                              "`backends/addcmul_kernels.py` builds such a kernel from a backend's own.",
+                              "Operands of different dtypes are a DTypeError (the front end runs the composite)."),
+                       examples=(Example("scale by a one-element factor", (np.array([1.0, 2.0]), np.array([3.0, 4.0]),
+                                                                           np.array([0.5]))),)),
     Op.CROSS_ENTROPY: OpSpec(
         "Softmax cross-entropy at integer classes: `-log_softmax(x)[i, target[i]]`, reduced", "x (floating, [N, C])",
         attrs=(("target", "int64 numpy array [N]",
@@ -271,6 +280,8 @@ def _group(op: Op) -> str:
         return "loss"
     if op == Op.ADDMM:
         return "linear algebra (fused)"
+    if op == Op.ADDCMUL:
+        return "ternary elementwise (fused)"
     return "ternary elementwise" if op == Op.WHERE else "linear algebra"
 
 
