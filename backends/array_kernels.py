@@ -20,6 +20,9 @@ from polygrad.ir.ops import Op
 from polygrad.runtime.backend import elementwise_kernels
 
 from . import parallel
+from .addcmul_kernels import addcmul_kernel
+from .addmm_kernels import addmm_kernel
+from .cross_entropy_kernels import cross_entropy_kernel
 
 #: elements per temporary chunk in sparse kernels (nnz_chunk * F <= this)
 CHUNK_ELEMENTS = 1 << 22
@@ -262,6 +265,10 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     table[(Op.SDDMM, "csr")] = sddmm
     table[(Op.SEGMENT_SUM, "csr")] = segment_sum
     table[(Op.SEGMENT_MAX, "csr")] = segment_max
+    # the composite's own steps over this table (read at call time: a backend's later overrides count)
+    table[(Op.ADDMM, "dense")] = addmm_kernel(table)
+    table[(Op.ADDCMUL, "dense")] = addcmul_kernel(table)
+    table[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_kernel(table, xp)
     return table
 
 

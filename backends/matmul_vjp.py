@@ -20,17 +20,19 @@ from polygrad.engine.autodiff import unbroadcast
 from polygrad.engine.grad_rules import matmul_grads
 from polygrad.ir.ops import Op
 
+from .kernel_view import KernelTable
 
-def dense_matmul_vjp(kernels: dict) -> Callable:
+
+def dense_matmul_vjp(kernels: KernelTable) -> Callable:
     """The fused ``(dY, A, B, needs) -> (dA, dB)`` of MATMUL over ``kernels`` (a backend's
-    ``(op, layout) -> kernel`` table, read once: the kernels this backend registers)."""
-    matmul = kernels[(Op.MATMUL, "dense")]
-    permute = kernels[(Op.PERMUTE, "dense")]
-    reshape = kernels[(Op.RESHAPE, "dense")]
-    reduce_sum = kernels[(Op.SUM, "dense")]
+    ``(op, layout) -> kernel`` table, or a :class:`~polygrad.backends.kernel_view.DispatchKernels`
+    view of it; read when the kernel runs)."""
 
     def matmul_vjp(g: Any, a: Any, b: Any, *, needs: tuple) -> tuple:
-        ga, gb = matmul_grads(g, a, b, needs, lambda x, shape: reshape(x, shape=shape), matmul,
+        # looked up per call: ``kernels`` may be a view of what dispatch runs now (backends/kernel_view.py)
+        reshape, permute = kernels[(Op.RESHAPE, "dense")], kernels[(Op.PERMUTE, "dense")]
+        reduce_sum = kernels[(Op.SUM, "dense")]
+        ga, gb = matmul_grads(g, a, b, needs, lambda x, shape: reshape(x, shape=shape), kernels[(Op.MATMUL, "dense")],
                               lambda x, perm: permute(x, perm=perm))
         return (None if ga is None else unbroadcast(ga, a.shape, reduce_sum),
                 None if gb is None else unbroadcast(gb, b.shape, reduce_sum))

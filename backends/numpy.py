@@ -24,6 +24,10 @@ from polygrad.runtime.threads import run_blocks
 
 from . import parallel
 from .array_kernels import make_kernels
+from .addcmul_kernels import addcmul_kernel, addcmul_vjp
+from .addmm_kernels import addmm_kernel, addmm_vjp
+from .cross_entropy_kernels import cross_entropy_kernel, cross_entropy_vjp
+from .kernel_view import DispatchKernels
 from .matmul_vjp import dense_matmul_vjp
 
 #: large kernel outputs come from here and are reused once unreferenced (polygrad.runtime.pool)
@@ -298,8 +302,15 @@ class NumpyBackend(pg.Backend):
         self.kernels[(Op.RELU, "dense")] = pooled_relu
         self.kernels[(Op.MATMUL, "dense")] = pooled_matmul
         self.kernels[(Op.EXPAND, "dense")] = expand
-        # after every forward kernel is final: the fused backward calls exactly these
-        self.vjp_kernels[(Op.MATMUL, "dense")] = dense_matmul_vjp(self.kernels)
+        # fused kernels call what dispatch runs (overrides and injected faults included)
+        dispatched = DispatchKernels(self.name, self.kernels)
+        self.kernels[(Op.ADDMM, "dense")] = addmm_kernel(dispatched)
+        self.kernels[(Op.ADDCMUL, "dense")] = addcmul_kernel(dispatched)
+        self.kernels[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_kernel(dispatched, np)
+        self.vjp_kernels[(Op.MATMUL, "dense")] = dense_matmul_vjp(dispatched)
+        self.vjp_kernels[(Op.ADDMM, "dense")] = addmm_vjp(dispatched)
+        self.vjp_kernels[(Op.ADDCMUL, "dense")] = addcmul_vjp(dispatched)
+        self.vjp_kernels[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_vjp(dispatched, np)
         self.pool = POOL
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:

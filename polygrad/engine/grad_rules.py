@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from . import graph
+from . import cross_entropy, graph
 from .dispatch import apply
 from ..ir.errors import GraphError
 from ..ir.ops import Op
@@ -299,6 +299,23 @@ def _matmul_rule(node, out, g):
     return matmul_grads(g, a, b, _needs(node), _reshape, _mm, _permute_op)
 
 
+@reads(inputs=(False, True, True))
+def _addmm_rule(node, out, g):
+    # input + mat1 @ mat2: the add's rule (g to both; autodiff sums the input's broadcast axes),
+    # then the product's
+    _, a, b = node.inputs
+    needs = _needs(node)
+    return (g if needs[0] else None, *matmul_grads(g, a, b, needs[1:], _reshape, _mm, _permute_op))
+
+
+@reads(inputs=(False, True, True))
+def _addcmul_rule(node, out, g):
+    # input + a * b (the product has the output's shape): the add's rule, then the product's
+    _, a, b = node.inputs
+    nc, na, nb = _needs(node)
+    return (g if nc else None, _mul(g, b) if na else None, _mul(g, a) if nb else None)
+
+
 def _spmm_op(values, x, pattern):
     return apply(Op.SPMM, (values, x), {"pattern": pattern}, pattern.layout)
 
@@ -340,6 +357,49 @@ def _sddmm_rule(node, out, g):
 @reads(inputs="none")
 def _segment_sum_rule(node, out, g):
     return (_take(g, (node.attrs["pattern"].rows,)),)
+
+
+class _ApplySteps:
+    """The steps of :mod:`cross_entropy` as dispatched primitives (gradients of gradients work)."""
+
+    neg = staticmethod(_neg)
+    add = staticmethod(_add)
+    mul = staticmethod(_mul)
+    const = staticmethod(_const)
+
+    @staticmethod
+    def maximum(a, b): return apply(Op.MAXIMUM, (a, b))
+    @staticmethod
+    def lt(a, b): return apply(Op.LT, (a, b))
+    @staticmethod
+    def where(c, a, b): return apply(Op.WHERE, (c, a, b))
+    @staticmethod
+    def exp(x): return apply(Op.EXP, (x,))
+    @staticmethod
+    def log(x): return apply(Op.LOG, (x,))
+    @staticmethod
+    def reciprocal(x): return apply(Op.RECIPROCAL, (x,))
+    @staticmethod
+    def sum(x, axes, keepdims): return apply(Op.SUM, (x,), {"axes": axes, "keepdims": keepdims})
+    @staticmethod
+    def max(x, axes, keepdims): return apply(Op.MAX, (x,), {"axes": axes, "keepdims": keepdims})
+    @staticmethod
+    def getitem(x, index): return _take(x, index)
+    @staticmethod
+    def index_add(x, index, shape): return apply(Op.INDEX_ADD, (x,), {"index": index, "shape": shape})
+    @staticmethod
+    def expand(x, shape): return apply(Op.EXPAND, (x,), {"shape": shape})
+    @staticmethod
+    def detached(x): return x._new(x._data, x._be, x.shape, x.dtype)
+
+
+APPLY_STEPS = _ApplySteps()
+
+
+@reads(inputs=(True,))
+def _cross_entropy_rule(node, out, g):
+    return (cross_entropy.logits_grad(g, node.inputs[0], node.attrs["target"], node.attrs["reduction"],
+                                   APPLY_STEPS),)
 
 
 # The table: each op's rule is the function above named ``_<op>_rule`` (one place per op; the ops

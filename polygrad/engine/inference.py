@@ -220,6 +220,40 @@ def _matmul(op, shapes, dtypes, attrs):
     return out, promote(*dtypes)
 
 
+def _addmm(op, shapes, dtypes, attrs):
+    if len(set(dtypes)) != 1:
+        raise DTypeError(f"op 'addmm': operands must share one dtype, got {_shapes_and_dtypes(shapes, dtypes)}")
+    out, dtype = _matmul(op, shapes[1:], dtypes[1:], attrs)
+    if broadcast_shapes(op, out, shapes[0]) != out:
+        raise ShapeError(f"op 'addmm': input of shape {shapes[0]} does not broadcast to the product's {out}")
+    return out, dtype
+
+
+def _addcmul(op, shapes, dtypes, attrs):
+    if len(set(dtypes)) != 1 or dtypes[0] == bool_:
+        raise DTypeError(f"op 'addcmul': operands must share one non-bool dtype, got "
+                         f"{_shapes_and_dtypes(shapes, dtypes)}")
+    product = broadcast_shapes(op, shapes[1], shapes[2])
+    if broadcast_shapes(op, product, shapes[0]) != product:
+        raise ShapeError(f"op 'addcmul': input of shape {shapes[0]} does not broadcast to the product's {product}")
+    return product, dtypes[0]
+
+
+def _cross_entropy(op, shapes, dtypes, attrs):
+    (shape,), (dtype,) = shapes, dtypes
+    target, reduction = attrs["target"], attrs["reduction"]
+    if len(shape) != 2 or shape[1] < 1 or not is_floating(dtype):
+        raise ShapeError(f"op 'cross_entropy': logits must be floating [N, C] with C >= 1, got {shape}:{dtype}")
+    if not isinstance(target, np.ndarray) or target.dtype != int64 or target.shape != shape[:1]:
+        raise ShapeError(f"op 'cross_entropy': target must be an int64 array [{shape[0]}], got "
+                         f"{getattr(target, 'dtype', type(target).__name__)} {getattr(target, 'shape', '')}")
+    if target.size and (int(target.min()) < 0 or int(target.max()) >= shape[1]):
+        raise IndexOutOfRangeError(f"op 'cross_entropy': target class out of range [0, {shape[1]})")
+    if reduction not in ("mean", "sum", "none"):
+        raise ShapeError(f"op 'cross_entropy': reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return (shape[:1] if reduction == "none" else ()), dtype
+
+
 def _check_pattern_values(op, shape, pattern):
     if len(shape) != 1 or shape[0] != pattern.nnz:
         raise ShapeError(f"op '{op}': values must be 1-D with nnz={pattern.nnz} entries, got {shape}")
@@ -259,7 +293,7 @@ _RULES: dict[Op, Callable[..., Spec]] = {
     Op.SUM: _reduce, Op.MAX: _reduce,
     Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand,
     Op.GETITEM: _getitem, Op.INDEX_ADD: _index_add, Op.CONCAT: _concat,
-    Op.MATMUL: _matmul,
+    Op.MATMUL: _matmul, Op.ADDMM: _addmm, Op.ADDCMUL: _addcmul, Op.CROSS_ENTROPY: _cross_entropy,
     Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment, Op.SEGMENT_MAX: _segment,
 }
 

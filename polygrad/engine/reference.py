@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import scalar_math as sm
+from .cross_entropy import mean_scale
 from ..ir.ops import FLOAT_UNARY, Op
 from .value import Value
 
@@ -218,6 +219,25 @@ def _segment(values: Flat, pattern, combine: Callable) -> Flat:
             for r in range(pattern.shape[0])], (pattern.shape[0],)
 
 
+def _cross_entropy(x: Flat, target: np.ndarray, reduction: str) -> Flat:
+    """Each row's ``-(x_t - m - log sum_j exp(x_j - m))``, ``m`` the row's max taken as a constant
+    (0 when not finite), then the reduction: the composite's meaning, element by element."""
+    items, (n, c) = x
+    exp, log = _UNARY[Op.EXP], _UNARY[Op.LOG]
+    losses = []
+    for i, t in enumerate(target.tolist()):
+        row = items[i * c:(i + 1) * c]
+        vals = [_val(v) for v in row]
+        m = float("nan") if any(v != v for v in vals) else max(vals)
+        m = m if abs(m) < float("inf") else 0.0
+        shifted = [v - m for v in row]
+        losses.append(-(shifted[t] - log(_sum([exp(v) for v in shifted]))))
+    if reduction == "none":
+        return losses, (n,)
+    total = _sum(losses)
+    return [total * mean_scale(n) if reduction == "mean" else total], ()
+
+
 def run(op: Op, flats: Sequence[Flat], attrs: dict) -> Flat:
     """Apply primitive ``op`` to flat operands; returns (elements, shape)."""
     if op in _UNARY:
@@ -256,6 +276,13 @@ def run(op: Op, flats: Sequence[Flat], attrs: dict) -> Flat:
         return _concat(flats, attrs["axis"])
     if op == Op.MATMUL:
         return _matmul(flats[0], flats[1])
+    if op == Op.ADDMM:  # the product, then the input added with broadcasting (as the composite)
+        items, shape = _matmul(flats[1], flats[2])
+        return run(Op.ADD, [(items, shape), flats[0]], {})
+    if op == Op.ADDCMUL:  # the product first, then the input added (as the composite)
+        return run(Op.ADD, [flats[0], run(Op.MUL, [flats[1], flats[2]], {})], {})
+    if op == Op.CROSS_ENTROPY:
+        return _cross_entropy(flats[0], attrs["target"], attrs["reduction"])
     if op == Op.SPMM:
         return _spmm(flats[0], flats[1], attrs["pattern"])
     if op == Op.SDDMM:

@@ -16,7 +16,9 @@ class Op(str, Enum):
 
     Groups: "unary", "float_unary" (a unary op defined on floats only), "binary", "compare",
     "ternary", "reduce", "movement", "sparse" (pattern in attrs, values a dense 1-D operand),
-    "no_grad" (the output carries no gradient, whatever the inputs).
+    "no_grad" (the output carries no gradient, whatever the inputs), "fused" (one op for a
+    composite of others, run as one for speed: a backend may leave its kernel out, and the
+    front end then runs the composite, whose bits the op's kernels must give).
     """
 
     _value_: str
@@ -56,6 +58,9 @@ class Op(str, Enum):
     INDEX_ADD = "index_add", "movement"
     CONCAT = "concat", "movement"
     MATMUL = "matmul"  # linear algebra
+    ADDMM = "addmm", "fused"  # input + mat1 @ mat2 (nn.Linear's x @ W + b)
+    ADDCMUL = "addcmul", "fused"  # input + tensor1 * tensor2 (GINConv's out + x * (1 + eps))
+    CROSS_ENTROPY = "cross_entropy", "fused"  # pg.cross_entropy at integer classes (attrs: target, reduction)
     SPMM = "spmm", "sparse"
     SDDMM = "sddmm", "sparse"
     SEGMENT_SUM = "segment_sum", "sparse"
@@ -79,7 +84,10 @@ MOVEMENT = _group("movement")
 SPARSE = _group("sparse")
 # Ops whose output carries no gradient, whatever their inputs.
 NON_DIFFERENTIABLE = _group("no_grad")
-_GROUPS = {"unary", "float_unary", "binary", "compare", "ternary", "reduce", "movement", "sparse", "no_grad"}
+# Ops a backend may leave out (polygrad then runs the composite each one fuses).
+FUSED = _group("fused")
+_GROUPS = {"unary", "float_unary", "binary", "compare", "ternary", "reduce", "movement", "sparse", "no_grad",
+           "fused"}
 assert all(op.groups <= _GROUPS for op in Op), "an Op names a group that does not exist"
 
 

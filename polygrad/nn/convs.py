@@ -15,7 +15,7 @@ from polygrad.ir.errors import ShapeError
 from polygrad.sparse.graph_ops import expand_pattern, scatter, segment_softmax
 from polygrad.sparse.pattern import Pattern
 from polygrad.sparse import is_sparse
-from polygrad.tensor import Tensor, concat, segment_sum, spmm, tensor
+from polygrad.tensor import Tensor, addcmul, concat, segment_sum, spmm, tensor
 
 from . import init as _init
 from .layers import Linear, dropout
@@ -299,8 +299,8 @@ class GINConv(MessagePassing):
             if t is not None and (not isinstance(t, Tensor) or t.ndim != 2):
                 raise ShapeError(f"GINConv: node features must be [N, F], got {getattr(t, 'shape', type(t).__name__)}")
         out = self.propagate(graph, x=(x_src, x_dst), size=size)
-        if x_dst is not None:
-            out = out + x_dst * (self.eps + 1.0)
+        if x_dst is not None:  # out + x_dst * (1 + eps), as one op where it can be (the same bits)
+            out = addcmul(out, x_dst, self.eps + 1.0)
         return self.nn(out)
 
     def extra_repr(self) -> str:

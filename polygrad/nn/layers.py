@@ -10,7 +10,7 @@ from polygrad.runtime.pool import HOST_POOL
 from polygrad.runtime.random_blocks import draw_raw_in_blocks
 from polygrad.compile import fresh, keyed_call
 from polygrad.ir.errors import ShapeError
-from polygrad.tensor import Tensor
+from polygrad.tensor import Tensor, addmm
 
 from . import init as _init
 from .module import Module
@@ -53,8 +53,8 @@ class Linear(Module):
         if not x.shape or x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear({self.in_features} -> {self.out_features}): input of shape "
                              f"{x.shape} ({getattr(x, 'layout', 'dense')}) must end in {self.in_features}")
-        y = x @ self.weight
-        return y + self.bias if self.bias is not None else y
+        # x @ W + b as one op where it can be (polygrad.tensor.addmm: the same bits)
+        return addmm(self.bias, x, self.weight) if self.bias is not None else x @ self.weight
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}"

@@ -12,6 +12,8 @@ from ..engine.dispatch import apply
 from ..ir.dtypes import bool_, default_float, int64
 from ..ir.errors import DTypeError, ShapeError
 from ..ir.ops import Op
+from ..engine.inference import broadcast_shapes
+from ..runtime.registry import registry
 
 from .args import Tensor, _floating
 from .sparse_routing import _sparse_binary, is_sparse
@@ -121,6 +123,30 @@ def div(a, b) -> Tensor:
         return _sparse_binary("div", a, b)
     a, b = _pair(a, b)
     return apply(Op.MUL, (_floating(a), apply(Op.RECIPROCAL, (_floating(b),))))
+
+
+_ADDCMUL_KEY = (Op.ADDCMUL, "dense")
+_NO_KERNELS: dict = {}
+
+
+def addcmul(input, tensor1, tensor2) -> Tensor:  # noqa: A002 - PyTorch's name
+    """``input + tensor1 * tensor2`` (PyTorch's ``torch.addcmul`` without ``value``).  Dense floating
+    tensors of one dtype whose product has the output's shape run as one op, ``Op.ADDCMUL``, on a
+    backend with its kernel (the composite's bits, forward and backward); anything else runs the
+    composite itself."""
+    if (isinstance(input, Tensor) and isinstance(tensor1, Tensor) and isinstance(tensor2, Tensor)
+            and tensor1 is not tensor2 and input.dtype.kind == "f"
+            and input.dtype == tensor1.dtype == tensor2.dtype
+            and not (is_sparse(input) or is_sparse(tensor1) or is_sparse(tensor2))
+            and registry.tables.get(input._be.name, _NO_KERNELS).get(_ADDCMUL_KEY) is not None):
+        try:
+            product = broadcast_shapes(Op.ADDCMUL, tensor1.shape, tensor2.shape)
+            fits = broadcast_shapes(Op.ADDCMUL, product, input.shape) == product
+        except ShapeError:  # the composite names the mismatch
+            fits = False
+        if fits:
+            return apply(Op.ADDCMUL, (input, tensor1, tensor2))
+    return input + tensor1 * tensor2
 
 
 def pow(a, b) -> Tensor:  # noqa: A001

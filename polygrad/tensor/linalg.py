@@ -1,11 +1,12 @@
-"""Matrix products: ``matmul`` (dense or sparse operands, routed) and the sparse primitives
-``spmm``, ``sddmm``, ``segment_sum``, ``segment_max``."""
+"""Matrix products: ``matmul`` (dense or sparse operands, routed), ``addmm`` and the sparse
+primitives ``spmm``, ``sddmm``, ``segment_sum``, ``segment_max``."""
 from __future__ import annotations
 
 
 
 from ..engine.dispatch import apply
 from ..ir.ops import Op
+from ..runtime.registry import registry
 
 from .args import Tensor
 from .elementwise import _pair
@@ -25,6 +26,24 @@ def _dense_matmul(a: Tensor, b: Tensor) -> Tensor:
     if a_sparse is not None:
         return _sparse("matmul")(a_sparse, b)
     return apply(Op.MATMUL, (a, b))
+
+
+_ADDMM_KEY = (Op.ADDMM, "dense")
+_NO_KERNELS: dict = {}
+
+
+def addmm(input: Tensor, mat1, mat2) -> Tensor:  # noqa: A002 - PyTorch's name
+    """``mat1 @ mat2 + input`` (PyTorch's ``torch.addmm`` without ``beta``/``alpha``; polygrad's
+    ``nn.Linear``).  Two dense 2-D matrices and an ``input`` of their dtype that broadcasts to the
+    product run as one op, ``Op.ADDMM``, on a backend with its kernel (the composite's bits);
+    anything else -- a sparse operand, a batch, mixed dtypes -- runs the composite itself."""
+    if (type(mat1) is type(mat2) is type(input) and not is_sparse(mat1) and not is_sparse(mat2)
+            and not is_sparse(input) and mat1.ndim == 2 and mat2.ndim == 2 and input.ndim <= 2
+            and mat1.dtype == mat2.dtype == input.dtype
+            and registry.tables.get(mat1._be.name, _NO_KERNELS).get(_ADDMM_KEY) is not None
+            and _sparse("maybe_sparsify_for_matmul")(mat1, mat2) is None):
+        return apply(Op.ADDMM, (input, mat1, mat2))
+    return mat1 @ mat2 + input
 
 
 # -- sparse primitives (the pattern rides in attrs; values are a dense 1-D operand) --------------------

@@ -1,14 +1,24 @@
-"""Losses: cross_entropy and mse, composites whose gradients come from the gradient table."""
+"""Losses: cross_entropy and mse, composites whose gradients come from the gradient table.
+
+Cross-entropy at integer classes runs as one primitive, ``Op.CROSS_ENTROPY``, on a backend that
+has its kernel: the composite's own steps without their 36 dispatches
+(:mod:`polygrad.engine.cross_entropy`), the same bits; elsewhere, the composite itself.
+"""
 from __future__ import annotations
 
 
 import numpy as np
 
+from ..engine import dispatch
+from ..engine.dispatch import apply
 from ..ir.errors import DTypeError, IndexOutOfRangeError, ShapeError
+from ..ir.ops import Op
+from ..runtime.registry import registry
 
 from .args import Tensor
 from .elementwise import _as_operand
 from .reductions import log_softmax
+from .sparse_routing import is_sparse
 
 
 def _target_indices(target) -> np.ndarray:
@@ -36,6 +46,10 @@ def cross_entropy(logits: Tensor, target, mask=None, reduction: str = "mean") ->
             target = target[rows]
         else:
             target = _target_indices(target)[rows]
+    if not (isinstance(target, Tensor) and target.dtype.kind == "f"):
+        fused = _fused_cross_entropy(logits, target, reduction)
+        if fused is not None:
+            return fused
     logp = log_softmax(logits, -1)
     if isinstance(target, Tensor) and target.dtype.kind == "f":
         if target.shape != logits.shape:
@@ -49,6 +63,29 @@ def cross_entropy(logits: Tensor, target, mask=None, reduction: str = "mean") ->
             raise ShapeError(f"cross_entropy: target class out of range [0, {logits.shape[1]})")
         losses = -logp[np.arange(idx.shape[0]), idx]
     return reduce_losses(losses, reduction, "cross_entropy")
+
+
+_KEY = (Op.CROSS_ENTROPY, "dense")
+
+
+def _fused_cross_entropy(logits: Tensor, target, reduction: str) -> Tensor | None:
+    """The loss as one ``Op.CROSS_ENTROPY`` where it gives the composite's result (a dense
+    floating ``[N, C >= 1]`` tensor on a backend with the op's kernel, integer targets, a known
+    reduction); None where the composite must run (or report the error)."""
+    if (is_sparse(logits) or logits.dtype.kind != "f" or logits.shape[1] < 1
+            or reduction not in ("mean", "sum", "none")
+            or registry.tables.get(logits._be.name, _NONE).get(_KEY) is None):
+        return None
+    idx = _target_indices(target)
+    if idx.shape != (logits.shape[0],) or (idx.size and (idx.min() < 0 or idx.max() >= logits.shape[1])):
+        return None  # the composite names the problem
+    rec = dispatch._recording.get()
+    if rec is not None:  # pg.compile guards the classes by content, as it does a getitem's index
+        rec.host_array(idx)
+    return apply(Op.CROSS_ENTROPY, (logits,), {"target": idx, "reduction": reduction})
+
+
+_NONE: dict = {}
 
 
 def reduce_losses(losses: Tensor, reduction: str, name: str) -> Tensor:

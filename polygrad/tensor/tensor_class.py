@@ -293,8 +293,10 @@ class Tensor(TensorBase):
     def __le__(self, other): return _compare(Op.LE, self, other)
     def __gt__(self, other): return _compare(Op.GT, self, other)
     def __ge__(self, other): return _compare(Op.GE, self, other)
-    def __eq__(self, other): return _compare(Op.EQ, self, other)
-    def __ne__(self, other): return _compare(Op.NE, self, other)
+    # == and != with an operand no tensor compares with (None, a string, any other object) return
+    # NotImplemented, so Python falls back to identity (x == None is False, as for a torch tensor)
+    def __eq__(self, other): return NotImplemented if _foreign(other) else _compare(Op.EQ, self, other)
+    def __ne__(self, other): return NotImplemented if _foreign(other) else _compare(Op.NE, self, other)
     __hash__ = object.__hash__
 
     def __abs__(self): return abs(self)
@@ -430,6 +432,11 @@ class Tensor(TensorBase):
 
 
 _make = Tensor._make
+def _foreign(x: Any) -> builtins.bool:
+    """Whether ``x`` is no operand of a comparison: not a tensor, a number, an array or a list."""
+    return not isinstance(x, (TensorBase, int, float, builtins.bool, np.ndarray, np.generic, list, tuple))
+
+
 _NUMBER = frozenset({int, float})  # the Python numbers a floating tensor takes as constants of its dtype
 _ADD, _MUL, _NEG, _RELU = Op.ADD, Op.MUL, Op.NEG, Op.RELU  # (an Enum member lookup is not free)
 TensorBase._new = staticmethod(Tensor._make)  # how the lower layers, and this package's functions, make tensors

@@ -282,6 +282,24 @@ def _dense_cases() -> list[Case]:
                                         ("batched", (2, 3, 4), (4, 5)), ("batch_bcast", (1, 3, 2), (2, 2, 4)),
                                         ("inner0", (3, 0), (0, 2)), ("rows0", (0, 3), (3, 2)))):
         add(Case(Op.MATMUL, name, (_normal(sa, 600 + i), _normal(sb, 620 + i))))
+    # addmm: a bias row, a column, a full matrix, a 0-d input, no rows, an empty inner dimension
+    for i, (name, si, sa, sb) in enumerate((("bias_row", (2,), (3, 4), (4, 2)), ("column", (3, 1), (3, 4), (4, 2)),
+                                            ("full", (3, 2), (3, 4), (4, 2)), ("scalar", (), (3, 4), (4, 2)),
+                                            ("rows0", (2,), (0, 3), (3, 2)), ("inner0", (2,), (3, 0), (0, 2)))):
+        add(Case(Op.ADDMM, name, (_normal(si, 660 + i), _normal(sa, 670 + i), _normal(sb, 680 + i))))
+    # addcmul: the product of the output's shape; the input and a factor broadcast
+    for i, (name, si, sa, sb) in enumerate((("same", (3, 2), (3, 2), (3, 2)), ("scale_1", (3, 2), (3, 2), (1,)),
+                                            ("bias_row", (2,), (3, 2), (3, 2)), ("scalar_input", (), (3, 2), (2,)),
+                                            ("empty", (0, 2), (0, 2), (1,)))):
+        add(Case(Op.ADDCMUL, name, (_normal(si, 700 + i), _normal(sa, 710 + i), _normal(sb, 720 + i))))
+    # cross-entropy: each reduction, one class, no rows (mean: NaN, as the composite)
+    classes = np.array([0, 2, 1, 2], dtype=np.int64)
+    for i, reduction in enumerate(("mean", "sum", "none")):
+        add(Case(Op.CROSS_ENTROPY, reduction, (_normal((4, 3), 640 + i),), {"target": classes, "reduction": reduction}))
+    add(Case(Op.CROSS_ENTROPY, "one_class", (_normal((3, 1), 643),),
+             {"target": np.zeros(3, dtype=np.int64), "reduction": "mean"}))
+    add(Case(Op.CROSS_ENTROPY, "no_rows", (_normal((0, 2), 644),),
+             {"target": np.zeros(0, dtype=np.int64), "reduction": "sum"}))
     return C
 
 
@@ -385,6 +403,18 @@ def _dense_bad_cases() -> list[BadCase]:
     add(BadCase(Op.MATMUL, "inner_mismatch", (f, np.ones((4, 2)))))
     add(BadCase(Op.MATMUL, "zero_dim", (np.array(1.0), f)))
     add(BadCase(Op.MATMUL, "bool", (np.ones((2, 2), dtype=bool), np.ones((2, 2), dtype=bool)), error=DTypeError))
+    add(BadCase(Op.ADDMM, "inner_mismatch", (np.ones(2), f, np.ones((2, 2)))))
+    add(BadCase(Op.ADDMM, "input_too_big", (np.ones((4, 2)), f, np.ones((3, 2)))))
+    add(BadCase(Op.ADDMM, "mixed_dtypes", (np.ones(2, dtype=np.float32), f, np.ones((3, 2))), error=DTypeError))
+    add(BadCase(Op.ADDCMUL, "factors_mismatch", (f, f, np.ones((3, 2)))))
+    add(BadCase(Op.ADDCMUL, "input_too_big", (np.ones((4, 2, 3)), f, f)))
+    add(BadCase(Op.ADDCMUL, "mixed_dtypes", (f, f.astype(np.float32), f), error=DTypeError))
+    mean = {"reduction": "mean"}
+    add(BadCase(Op.CROSS_ENTROPY, "class_out_of_range", (f,), {"target": np.array([0, 3]), **mean},
+                error=IndexOutOfRangeError))
+    add(BadCase(Op.CROSS_ENTROPY, "target_rows", (f,), {"target": np.array([0, 1, 2]), **mean}))
+    add(BadCase(Op.CROSS_ENTROPY, "vector_logits", (np.ones(3),), {"target": np.array([0, 1, 2]), **mean}))
+    add(BadCase(Op.CROSS_ENTROPY, "reduction", (f,), {"target": np.array([0, 1]), "reduction": "max"}))
     return B
 
 

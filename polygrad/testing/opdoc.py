@@ -211,6 +211,34 @@ SPECS: dict[Op, OpSpec] = {
                       edges=("An inner dimension of 0 gives zeros.", "Both operands are at least 1-D."),
                       examples=(Example("vector @ matrix", (np.array([1.0, 2.0]), np.array([[1.0, 0.0], [0.0, 3.0]]))),
                                 Example("inner dimension 0", (np.zeros((2, 0)), np.zeros((0, 2)))))),
+    Op.ADDMM: OpSpec("`mat1 @ mat2 + input` (PyTorch's addmm; nn.Linear's `x @ W + b`)", "input, mat1, mat2",
+                     output="the product's shape (input broadcasts to it); the operands' one dtype",
+                     edges=("Must give the bits of `add(matmul(mat1, mat2), input)`, the composite it fuses: "
+                            "`backends/addmm_kernels.py` builds such a kernel from a backend's own.",
+                            "Operands of different dtypes are a DTypeError (the front end runs the composite)."),
+                     examples=(Example("bias row", (np.array([1.0, -1.0]), np.array([[1.0, 2.0]]),
+                                                    np.array([[1.0, 0.0], [0.0, 1.0]]))),)),
+    Op.ADDCMUL: OpSpec("`input + tensor1 * tensor2` (PyTorch's addcmul; GINConv's `out + x * (1 + eps)`)",
+                       "input, tensor1, tensor2",
+                       output="the product's shape (the factors broadcast; input broadcasts to the product); "
+                              "the operands' one dtype",
+                       edges=("Must give the bits of `add(input, mul(tensor1, tensor2))`, the composite it fuses: "
+                              "`backends/addcmul_kernels.py` builds such a kernel from a backend's own.",
+                              "Operands of different dtypes are a DTypeError (the front end runs the composite)."),
+                       examples=(Example("scale by a one-element factor", (np.array([1.0, 2.0]), np.array([3.0, 4.0]),
+                                                                           np.array([0.5]))),)),
+    Op.CROSS_ENTROPY: OpSpec(
+        "Softmax cross-entropy at integer classes: `-log_softmax(x)[i, target[i]]`, reduced", "x (floating, [N, C])",
+        attrs=(("target", "int64 numpy array [N]",
+                "each row's class, in [0, C); the user's array: never write into it"),
+               ("reduction", "str", '"mean", "sum" or "none"')),
+        output='() for "mean" and "sum", [N] for "none"; dtype of x',
+        edges=("Must give the bits of pg.cross_entropy's composite: each row shifted by its max (0 where the max "
+               "is not finite), `shifted - log(sum(exp(shifted)))` gathered and negated, then summed (times "
+               "1/N for mean). `backends/cross_entropy_kernels.py` builds such a kernel from a backend's own.",
+               "No rows: mean is NaN, sum is 0."),
+        examples=(Example("mean over two rows", (np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]),),
+                          {"target": np.array([1, 0]), "reduction": "mean"}),)),
     Op.SPMM: OpSpec("Sparse @ dense: `A @ X` with `A = (pattern, values)`", "values (1-D, nnz), x (1-D or 2-D)",
                     attrs=(_PATTERN_ATTR,),
                     output="(pattern rows,) + x.shape[1:]; promoted dtype of values and x",
@@ -248,6 +276,12 @@ def _group(op: Op) -> str:
                           ("sparse", SPARSE)):
         if op in members:
             return name
+    if op == Op.CROSS_ENTROPY:
+        return "loss"
+    if op == Op.ADDMM:
+        return "linear algebra (fused)"
+    if op == Op.ADDCMUL:
+        return "ternary elementwise (fused)"
     return "ternary elementwise" if op == Op.WHERE else "linear algebra"
 
 

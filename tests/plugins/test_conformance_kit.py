@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 import polygrad as pg
+from polygrad.ir.ops import FUSED
 from polygrad.testing.conformance import main, run_conformance
 
 # every installed, available backend: the built-in ones and any third party (CI installs polygrad-scipy)
@@ -23,10 +24,10 @@ def test_builtin_backends_pass_the_whole_kit(backend):
     assert report.ok, "\n".join(r.message for r in report.failures)
     checks = {r.check for r in report.results}
     assert {"forward", "float32", "grad-numeric", "grad-scalar", "errors"} <= checks
-    # every primitive op is exercised on its layouts
+    # every primitive op is exercised on its layouts; a fused one may be left out (its composite runs)
     for op in pg.Op:
         cells = [report.cell(op, layout) for layout in ("dense", "csr", "coo")]
-        assert "pass" in cells, (op, cells)
+        assert "pass" in cells or (op in FUSED and set(cells) == {"-"}), (op, cells)
 
 
 def test_check_command_prints_table_and_exit_status(capsys):

@@ -1,0 +1,70 @@
+"""CROSS_ENTROPY's forward kernel and fused backward, built from a backend's own forward kernels.
+
+The composite ``pg.cross_entropy`` dispatches 16 ops forward and about 20 backward, each costing
+more than its kernel on a batch's ``[32, 2]`` logits.  These run the steps of
+:mod:`polygrad.engine.cross_entropy` -- the composite's own sequence, which the VJP rule runs
+with ``apply`` -- over the backend's kernels for max, neg, add, exp, sum, ... without dispatching
+them, so the loss and its gradient are the composite's bit for bit
+(``tests/unit/test_cross_entropy_op.py``, generated logits).
+
+The kernel table is read when a kernel runs, not when it is built: a backend that replaces
+kernels of the shared table after :func:`~polygrad.backends.array_kernels.make_kernels` (numpy's
+pooled and threaded ones) is followed, so dispatch and these steps always call the same kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from polygrad.engine import cross_entropy
+from polygrad.ir.ops import Op
+
+from .kernel_view import KernelTable
+
+
+class KernelSteps:
+    """:class:`polygrad.engine.cross_entropy.Steps` over raw kernels ``kernels[(op, "dense")]``."""
+
+    def __init__(self, kernels: KernelTable, xp: Any) -> None:
+        self._k = kernels
+        self._xp = xp
+
+    def _run(self, op: Op, *arrays: Any, **attrs: Any) -> Any:
+        return self._k[(op, "dense")](*arrays, **attrs)
+
+    def neg(self, x: Any) -> Any: return self._run(Op.NEG, x)
+    def add(self, a: Any, b: Any) -> Any: return self._run(Op.ADD, a, b)
+    def mul(self, a: Any, b: Any) -> Any: return self._run(Op.MUL, a, b)
+    def maximum(self, a: Any, b: Any) -> Any: return self._run(Op.MAXIMUM, a, b)
+    def lt(self, a: Any, b: Any) -> Any: return self._run(Op.LT, a, b)
+    def where(self, c: Any, a: Any, b: Any) -> Any: return self._run(Op.WHERE, c, a, b)
+    def exp(self, x: Any) -> Any: return self._run(Op.EXP, x)
+    def log(self, x: Any) -> Any: return self._run(Op.LOG, x)
+    def reciprocal(self, x: Any) -> Any: return self._run(Op.RECIPROCAL, x)
+    def sum(self, x: Any, axes: tuple, keepdims: bool) -> Any: return self._run(Op.SUM, x, axes=axes, keepdims=keepdims)
+    def max(self, x: Any, axes: tuple, keepdims: bool) -> Any: return self._run(Op.MAX, x, axes=axes, keepdims=keepdims)
+    def getitem(self, x: Any, index: tuple) -> Any: return self._run(Op.GETITEM, x, index=index)
+    def index_add(self, x: Any, index: tuple, shape: tuple) -> Any:
+        return self._run(Op.INDEX_ADD, x, index=index, shape=shape)
+    def expand(self, x: Any, shape: tuple) -> Any: return self._run(Op.EXPAND, x, shape=shape)
+    def const(self, like: Any, value: float) -> Any: return self._xp.asarray(value, dtype=like.dtype)
+    def detached(self, x: Any) -> Any: return x
+
+
+def cross_entropy_kernel(kernels: KernelTable, xp: Any) -> Callable:
+    """The forward kernel ``(logits, *, target, reduction) -> loss`` over ``kernels``."""
+    steps = KernelSteps(kernels, xp)
+
+    def kernel(x: Any, *, target: Any, reduction: str) -> Any:
+        return cross_entropy.loss(x, target, reduction, steps)
+
+    return kernel
+
+
+def cross_entropy_vjp(kernels: KernelTable, xp: Any) -> Callable:
+    """The fused backward ``(dLoss, logits, *, needs, target, reduction) -> (dLogits,)``."""
+    steps = KernelSteps(kernels, xp)
+
+    def vjp(g: Any, x: Any, *, needs: tuple, target: Any, reduction: str) -> tuple:
+        return (cross_entropy.logits_grad(g, x, target, reduction, steps) if needs[0] else None,)
+
+    return vjp

@@ -1,0 +1,105 @@
+"""Softmax cross-entropy over integer classes, the steps of primitive ``Op.CROSS_ENTROPY``.
+
+``pg.cross_entropy(logits, target)`` is defined by its composite (``tensor/losses.py``:
+``log_softmax`` with a detached max shift, a gather of each row's class, negation, the
+reduction): 16 dispatched ops forward and about 20 backward.  The primitive runs that very
+sequence of primitive steps as one op -- :func:`loss` and :func:`logits_grad` below, written
+once over a :class:`Steps` object -- so that
+
+* the VJP rule (``grad_rules._cross_entropy_rule``) runs them with ``apply`` (differentiable
+  again, for ``create_graph``),
+* a backend's forward kernel and fused backward run them over its own raw kernels
+  (``backends/cross_entropy_kernels.py``), with no dispatch in between,
+
+and all of them make the composite's kernel calls on the same arrays in the same order: the
+same bits, signed zeros, NaNs and floating-point warnings included (the backward is the
+composite's backward, step for step: the rules of neg, add, log, exp, sum, getitem and mul, and
+autodiff's one unbroadcast sum).  ``tests/unit/test_cross_entropy_op.py`` checks it bitwise
+against the composite with generated logits (infinities, NaNs, ties, one class, no rows).
+
+Target classes are an attribute (an int64 array ``[N]``, validated by the caller like a
+getitem index), ``reduction`` is "mean", "sum" or "none".
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class Steps(Protocol):
+    """The primitive steps the computation is made of: ``apply`` of each op (the rule), or a
+    backend's raw kernel for it (a fused kernel).  ``const(like, value)`` is a 0-d constant of
+    ``like``'s dtype; ``detached(x)`` is ``x`` with no gradient flowing through it."""
+
+    def neg(self, x: Any) -> Any: ...
+    def add(self, a: Any, b: Any) -> Any: ...
+    def mul(self, a: Any, b: Any) -> Any: ...
+    def maximum(self, a: Any, b: Any) -> Any: ...
+    def lt(self, a: Any, b: Any) -> Any: ...
+    def where(self, c: Any, a: Any, b: Any) -> Any: ...
+    def exp(self, x: Any) -> Any: ...
+    def log(self, x: Any) -> Any: ...
+    def reciprocal(self, x: Any) -> Any: ...
+    def sum(self, x: Any, axes: tuple, keepdims: bool) -> Any: ...
+    def max(self, x: Any, axes: tuple, keepdims: bool) -> Any: ...
+    def getitem(self, x: Any, index: tuple) -> Any: ...
+    def index_add(self, x: Any, index: tuple, shape: tuple) -> Any: ...
+    def expand(self, x: Any, shape: tuple) -> Any: ...
+    def const(self, like: Any, value: float) -> Any: ...
+    def detached(self, x: Any) -> Any: ...
+
+
+def picked_index(target: np.ndarray) -> tuple:
+    """The getitem index of each row's target class, as ``logp[np.arange(N), target]`` normalises it."""
+    return (np.arange(target.shape[0], dtype=np.int64), target)
+
+
+def mean_scale(n: int) -> float:
+    """What ``losses.mean()`` multiplies the sum by (NaN for no rows, as the composite)."""
+    return 1.0 / n if n else math.nan
+
+
+def _shifted(x: Any, k: Steps) -> Any:
+    """``x - shift``: the max of each row (detached), non-finite maxima replaced by 0 -- the steps
+    of ``reductions._shift`` and the subtraction in ``log_softmax``."""
+    m = k.max(k.detached(x), (1,), True)
+    finite = k.lt(k.maximum(m, k.neg(m)), k.const(m, math.inf))  # |m| < inf, |m| as abs() writes it
+    return k.add(x, k.neg(k.where(finite, m, k.const(m, 0.0))))
+
+
+def _exp_sum(shifted: Any, k: Steps) -> tuple[Any, Any]:
+    e = k.exp(shifted)
+    return e, k.sum(e, (1,), True)
+
+
+def loss(x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
+    """The loss of logits ``x [N, C]`` at classes ``target``: ``[N]`` for "none", else ``()``."""
+    shifted = _shifted(x, k)
+    _, s = _exp_sum(shifted, k)
+    logp = k.add(shifted, k.neg(k.log(s)))
+    losses = k.neg(k.getitem(logp, picked_index(target)))
+    if reduction == "none":
+        return losses
+    total = k.sum(losses, (0,), False)
+    return k.mul(total, k.const(total, mean_scale(target.shape[0]))) if reduction == "mean" else total
+
+
+def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
+    """``dx`` from the loss's gradient ``g``: the composite's backward, rule by rule."""
+    n, c = x.shape
+    shifted = _shifted(x, k)  # recomputed: the same kernels on the same arrays give the forward's bits
+    e, s = _exp_sum(shifted, k)
+    if reduction == "mean":  # mul rule (the scale is a constant), then the sum rule's expand
+        g = k.mul(g, k.const(g, mean_scale(n)))
+    if reduction != "none":
+        g = k.expand(g, (n,))
+    d_logp = k.index_add(k.neg(g), picked_index(target), (n, c))  # neg rule, getitem rule
+    # logp = shifted + (-log s): add's rule gives d_logp to both; unbroadcast sums it to [N, 1]
+    d_log = d_logp if c == 1 else k.sum(d_logp, (1,), True)
+    d_s = k.mul(k.neg(d_log), k.reciprocal(s))  # neg rule, log rule
+    d_e = d_s if c == 1 else k.expand(d_s, (n, c))  # sum rule
+    return k.add(d_logp, k.mul(d_e, e))  # exp rule; the two paths into ``shifted`` accumulate

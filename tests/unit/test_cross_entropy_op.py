@@ -1,0 +1,198 @@
+"""``Op.CROSS_ENTROPY``: the fused form of ``pg.cross_entropy`` at integer classes.
+
+The promise is bitwise: loss, gradient and floating-point warnings are the composite's (the
+slow path it replaces), whether the gradient comes from the backend's fused backward or from the
+rule; gradients also agree with central differences (float64), second order included, and with
+PyTorch where it is installed.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import polygrad as pg
+from polygrad.ir.ops import FUSED, Op
+from polygrad.runtime.registry import registry
+from polygrad.testing import check_grads
+
+KEY = (Op.CROSS_ENTROPY, "dense")
+
+
+@contextmanager
+def without(tables: dict, backend: str = "numpy"):
+    """``backend`` without its CROSS_ENTROPY kernel in ``tables`` for the duration."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(tables[backend], KEY)
+        yield
+
+
+def run(x: np.ndarray, target: np.ndarray, reduction: str, seed: np.ndarray | None):
+    """(loss, dx, warning messages) of pg.cross_entropy on a fresh leaf, and the op the loss came from."""
+    t = pg.tensor(x, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = pg.cross_entropy(t, target, reduction=reduction)
+        loss.backward(None if seed is None else pg.tensor(seed))
+    return loss.numpy(), t.grad.numpy(), sorted(str(w.message) for w in caught), loss._node.op
+
+
+def assert_bits(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.array_equal(np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}"),
+                          np.ascontiguousarray(b).view(f"u{b.dtype.itemsize}")), (a, b)
+
+
+SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 88.7, -104.0, 1e-40]
+
+
+@st.composite
+def problems(draw):
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    n, c = draw(st.integers(0, 5)), draw(st.integers(1, 4))
+    plain = st.floats(-30, 30, width=32)
+    special = st.sampled_from(SPECIAL)
+    values = draw(st.lists(st.one_of(plain, plain, special), min_size=n * c, max_size=n * c))
+    with np.errstate(over="ignore"):
+        x = np.array(values, dtype=np.float64).astype(dtype).reshape(n, c)
+    if n and draw(st.booleans()):  # ties
+        x[:, :] = x[:1, :1]
+    target = np.array(draw(st.lists(st.integers(0, c - 1), min_size=n, max_size=n)), dtype=np.int64)
+    reduction = draw(st.sampled_from(["mean", "sum", "none"]))
+    seed = None
+    if reduction == "none":
+        seed = np.array(draw(st.lists(st.one_of(plain, special), min_size=n, max_size=n)), dtype=dtype)
+    return x, target, reduction, seed
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_the_fused_op_gives_the_composites_bits(problem):
+    x, target, reduction, seed = problem
+    loss, dx, warned, op = run(x, target, reduction, seed)  # fused forward, fused backward
+    assert op == Op.CROSS_ENTROPY
+    with without(registry.vjp_tables):  # fused forward, the rule's backward
+        r_loss, r_dx, r_warned, _ = run(x, target, reduction, seed)
+    with without(registry.tables):  # the composite: 16 ops forward, their rules backward
+        c_loss, c_dx, c_warned, c_op = run(x, target, reduction, seed)
+    assert c_op != Op.CROSS_ENTROPY
+    for got in (loss, r_loss):
+        assert_bits(got, c_loss)
+    for got in (dx, r_dx):
+        assert_bits(got, c_dx)
+    # the same floating-point warnings (the fused backward recomputes exp(shifted), so the forward's
+    # overflow warning may come twice)
+    assert set(warned) == set(r_warned) == set(c_warned)
+
+
+def test_gradient_matches_central_differences_float64():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 4)) * 3
+    target = np.array([0, 3, 1, 1, 2, 0])
+    for reduction in ("mean", "sum", "none"):
+        check_grads(lambda t: pg.cross_entropy(t, target, reduction=reduction), [x], rtol=1e-7, atol=1e-9)
+
+
+def test_second_order_through_the_rule_matches_central_differences():
+    """``create_graph``: the rule's steps are differentiable (the fused kernel is not used)."""
+    rng = np.random.default_rng(1)
+    x0, v = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    target = np.array([2, 0, 1, 1, 0])
+
+    def grad_dot_v(x: np.ndarray):
+        t = pg.tensor(x, requires_grad=True)
+        (g,) = pg.grad(pg.cross_entropy(t, target), t, create_graph=True)
+        return t, (g * pg.tensor(v)).sum()
+
+    t, s = grad_dot_v(x0)
+    s.backward()
+    eps, numeric = 1e-6, np.zeros_like(x0)
+    for i in np.ndindex(*x0.shape):
+        hi, lo = x0.copy(), x0.copy()
+        hi[i] += eps
+        lo[i] -= eps
+        numeric[i] = (grad_dot_v(hi)[1].item() - grad_dot_v(lo)[1].item()) / (2 * eps)
+    np.testing.assert_allclose(t.grad.numpy(), numeric, rtol=1e-6, atol=1e-9)
+
+
+def test_a_backend_without_the_kernel_runs_the_composite():
+    assert Op.CROSS_ENTROPY in FUSED
+    x, target = np.array([[1.0, 2.0], [0.5, -1.0]]), np.array([1, 0])
+    with without(registry.tables):
+        *_, op = run(x, target, "mean", None)
+    assert op == Op.MUL  # the composite's last step: sum * (1 / N)
+
+
+def test_scalar_backend_and_validate_mode_agree_with_numpy():
+    x = np.random.default_rng(2).normal(size=(4, 3))
+    target = np.array([0, 2, 2, 1])
+    want = pg.cross_entropy(pg.tensor(x), target).item()
+    with pg.use_backend("scalar"):
+        got = pg.cross_entropy(pg.tensor(x), target).item()
+    assert got == pytest.approx(want, rel=1e-12)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pg.config, "validate", True)  # shadow-runs the kernel against the scalar reference
+        assert pg.cross_entropy(pg.tensor(x), target).item() == want
+
+
+def test_the_fused_kernel_calls_what_dispatch_runs():
+    """A fault injected into exp (as a plugin override would replace it) reaches the fused op,
+    which then falls back as a whole, to the clean answer."""
+    from polygrad.testing import inject_fault
+
+    x, target = np.random.default_rng(4).normal(size=(3, 4)), np.array([3, 0, 1])
+    clean = run(x, target, "mean", None)
+    with inject_fault("numpy", "exp") as fault:
+        faulty = run(x, target, "mean", None)  # (run records the warnings)
+    assert fault.triggered >= 1 and any("op 'cross_entropy' failed" in w for w in faulty[2])
+    np.testing.assert_allclose(faulty[0], clean[0], rtol=1e-12)
+    np.testing.assert_allclose(faulty[1], clean[1], rtol=1e-12)
+
+
+def test_bad_targets_are_named():
+    x = pg.tensor(np.zeros((2, 3)))
+    with pytest.raises(pg.errors.ShapeError, match="out of range"):
+        pg.cross_entropy(x, np.array([0, 3]))
+    with pytest.raises(pg.errors.ShapeError, match=r"must be \[N\]"):
+        pg.cross_entropy(x, np.array([0, 1, 2]))
+    with pytest.raises(pg.errors.DTypeError, match="integers"):
+        pg.cross_entropy(x, np.array([0.0, 1.0]))
+
+
+def test_compile_follows_new_targets():
+    """pg.compile guards the classes (an attribute array) by content, as it does a getitem index."""
+    x = pg.tensor(np.array([[1.0, 2.0, 0.5], [0.0, 3.0, -1.0]]), requires_grad=True)
+
+    def step(target):
+        return pg.cross_entropy(x, target)
+
+    for compiled in (pg.compile(step), pg.compile(step, pure=True)):
+        for classes in ([0, 1], [2, 2], [0, 1], [1, 0], [1, 0]):
+            target = pg.tensor(np.array(classes))
+            assert compiled(target).item() == step(target).item()
+
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against F.cross_entropy")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_matches_pytorch_float64(reduction):
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(7, 4)) * 5
+    x[0] = [0.0, -np.inf, 1.0, 2.0]  # a class of probability 0
+    x[1] = [1e30, -1e30, 0.0, 0.0]   # a certain class: loss 0, gradient 0
+    x[2] = [3.0, 3.0, 3.0, 3.0]      # ties
+    target = np.array([0, 0, 2, 3, 1, 1, 0])
+    seed = rng.normal(size=7) if reduction == "none" else None
+    loss, dx, _, _ = run(x, target, reduction, seed)
+    xt = torch.tensor(x, requires_grad=True)
+    lt = F.cross_entropy(xt, torch.tensor(target), reduction=reduction)
+    lt.backward(None if seed is None else torch.tensor(seed))
+    np.testing.assert_allclose(loss, lt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
