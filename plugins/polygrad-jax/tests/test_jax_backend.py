@@ -97,6 +97,29 @@ def test_dropout_masks_are_drawn_by_jax_from_the_seed_the_same_under_jit() -> No
     np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
 
 
+@pytest.mark.parametrize("shape", [(1,), (5,), (7, 3), (40001,)])
+def test_16_bit_draws_are_slices_of_whole_threefry_words_with_the_shape_asked(shape) -> None:
+    from polygrad_jax.backend import X64, draw_uint16
+    key = jax.random.key(3)
+    bits = np.asarray(draw_uint16(key, shape))
+    assert bits.shape == shape and bits.dtype == np.uint16
+    word = np.uint64 if X64 else np.uint32   # the words JAX draws, cut into 16-bit pieces in order
+    n = int(np.prod(shape))
+    words = np.asarray(jax.random.bits(key, (-(-n // (np.dtype(word).itemsize // 2)),), word))
+    np.testing.assert_array_equal(bits.reshape(-1), words.view(np.uint16)[:n])
+
+
+def test_16_bit_draws_are_uniform_and_pieces_of_one_word_uncorrelated() -> None:
+    from polygrad_jax.backend import draw_uint16
+    bits = np.asarray(draw_uint16(jax.random.key(11), (4 * 20000,))).astype(np.float64)
+    assert abs(bits.mean() / 65535 - 0.5) < 0.005          # 80000 draws: standard error 0.001
+    assert abs((bits >= 32768).mean() - 0.5) < 0.01
+    assert abs((bits < 6554).mean() - 0.1) < 0.005
+    pieces = bits.reshape(-1, 4)                             # the four 16-bit pieces of one 64-bit word
+    for i in range(3):
+        assert abs(np.corrcoef(pieces[:, i], pieces[:, i + 1])[0, 1]) < 0.03
+
+
 def _dropout_gcn_step():
     """A sparse two-layer step with input and hidden dropout and Adam, on the jax backend."""
     rng = np.random.default_rng(0)
