@@ -5,18 +5,34 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 import polygrad as pg
 from polygrad.compile import Call, Fused, Kernel
 from polygrad.sparse.pattern import Pattern
 
+from .backend import X64
 from .kernels import pattern_arrays
+
+try:  # JAX's conversion that gives a traced value the weak type a Python number passed to jax.jit has
+    from jax._src.lax.lax import _convert_element_type as _weak_convert
+except ImportError:  # pragma: no cover - a JAX without it: the host numbers go in one by one
+    _weak_convert = None
+
+#: the host numbers of a call, packed: one float64 and one int64 array (JAX narrows both to 32
+#: bits without its 64-bit mode, as it does the Python numbers themselves)
+_INT_RANGE = (-2 ** 63, 2 ** 63) if X64 else (-2 ** 31, 2 ** 31)
 
 
 def compile_kernels(program: Any, backend: Any) -> Callable:
     """``jax.jit`` of the program's entries called in order (the kernels as the registry has them
     now, plugin overrides included; ``Call`` entries -- the optimizer's updates, dropout draws --
-    traced with their host numbers as arguments, so a new learning rate or key is no new trace)."""
+    traced with their host numbers as arguments, so a new learning rate or key is no new trace).
+
+    The host numbers (dozens per step: each parameter's update has nine) go in packed into two
+    arrays, one transfer each, instead of one scalar argument each (one transfer each per call:
+    about a tenth of a compiled Cora GCN step); unpacked in the trace with the weak type JAX gives
+    a Python number, so every operation on them has the dtype it has on the numbers themselves."""
     forward = pg.kernel_table(backend.name)
     fused = pg.kernel_table(backend.name, kind="vjp")
     for e in program.entries:   # device index arrays made now, never cached as tracers
@@ -24,8 +40,7 @@ def compile_kernels(program: Any, backend: Any) -> Callable:
             if isinstance(value, Pattern):
                 pattern_arrays(value)
 
-    def run(*arrays: Any) -> list:
-        *arrays, numbers = arrays
+    def run(arrays: Any, numbers: Any) -> list:
         calls = iter(numbers)
         buf = dict(zip(program.inputs, arrays))
         for e in program.entries:
@@ -40,4 +55,50 @@ def compile_kernels(program: Any, backend: Any) -> Callable:
                         buf[slot] = g
         return [buf[s] for s in program.outputs]
 
-    return jax.jit(run)
+    return PackedStep(run)
+
+
+class PackedStep:
+    """``fn(*arrays, numbers)``: the jitted step, its host numbers packed by type (one compiled
+    function per layout: which numbers are ints, how many each ``Call`` has; a layout it cannot
+    pack -- a number neither float nor int, an int out of range -- goes in number by number)."""
+
+    def __init__(self, run: Callable[[Any, Any], list]):
+        self.run = run
+        self.unpacked = jax.jit(run)
+        self.packed: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any) -> list:
+        *arrays, numbers = args
+        flat = [v for call in numbers for v in call]
+        kinds = (tuple(map(len, numbers)), tuple(map(type, flat)))
+        fn = self.packed.get(kinds)
+        if fn is None:
+            fn = self.packed[kinds] = self._packing(*kinds)
+        if fn is self.unpacked:
+            return fn(arrays, numbers)
+        ints = [v for v, t in zip(flat, kinds[1]) if t is int]
+        if ints and not _INT_RANGE[0] <= min(ints) <= max(ints) < _INT_RANGE[1]:
+            return self.unpacked(arrays, numbers)
+        floats = np.array([v for v, t in zip(flat, kinds[1]) if t is float], np.float64)
+        return fn(arrays, floats, np.array(ints, np.int64))
+
+    def _packing(self, lengths: tuple, types: tuple) -> Callable:
+        """The jitted step for one layout of host numbers."""
+        if _weak_convert is None or any(t is not float and t is not int for t in types):
+            return self.unpacked
+        where, counts = [], {float: 0, int: 0}
+        for t in types:   # each number's (is it an int, its index in its array)
+            where.append((t is int, counts[t]))
+            counts[t] += 1
+        run = self.run
+
+        def packed(arrays: Any, floats: Any, ints: Any) -> list:
+            flat = [_weak_convert(ints[i] if is_int else floats[i], None, weak_type=True) for is_int, i in where]
+            numbers, start = [], 0
+            for n in lengths:
+                numbers.append(tuple(flat[start:start + n]))
+                start += n
+            return run(arrays, numbers)
+
+        return jax.jit(packed)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 jax = pytest.importorskip("jax")
 
@@ -118,6 +120,47 @@ def test_16_bit_draws_are_uniform_and_pieces_of_one_word_uncorrelated() -> None:
     pieces = bits.reshape(-1, 4)                             # the four 16-bit pieces of one 64-bit word
     for i in range(3):
         assert abs(np.corrcoef(pieces[:, i], pieces[:, i + 1])[0, 1]) < 0.03
+
+
+def _number_step(arrays, numbers):
+    """A step reading host numbers the ways an optimizer and a draw do: number times array, number
+    with number (computed at the number's own precision), an int made into an array."""
+    (a, b), ((lr, beta), (k,)) = arrays, numbers
+    return [a * lr + b * (1.0 - beta), (lr * beta) * b, jax.numpy.asarray(k) + 1]
+
+
+@given(lr=st.floats(-1e6, 1e6), beta=st.floats(0, 1), k=st.integers(0, 2 ** 31 - 1),
+       dtype=st.sampled_from([np.float32, np.float64]))
+@settings(max_examples=25, deadline=None)
+def test_packed_host_numbers_give_the_bits_and_dtypes_of_numbers_passed_one_by_one(lr, beta, k, dtype) -> None:
+    from polygrad_jax.compile import PackedStep
+    step = PackedStep(_number_step)
+    arrays = [jax.numpy.asarray(np.linspace(-3, 3, 7, dtype=dtype)), jax.numpy.asarray(np.ones(7, dtype))]
+    numbers = [(lr, beta), (k,)]
+    got = step(*arrays, numbers)
+    want = jax.jit(_number_step)(arrays, numbers)
+    assert step.packed and all(fn is not step.unpacked for fn in step.packed.values())   # it packed them
+    assert got[0].dtype == got[1].dtype == dtype   # weak numbers: the array's dtype, as without packing
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_host_numbers_that_cannot_be_packed_go_in_one_by_one() -> None:
+    from polygrad_jax.compile import PackedStep
+    step = PackedStep(_number_step)
+    arrays = [jax.numpy.ones(3, np.float32), jax.numpy.ones(3, np.float32)]
+    for numbers in ([(0.5, True), (3,)], [(0.5, 0.25), (2 ** 70,)]):   # a bool; an int beyond int64
+        try:
+            want = [np.asarray(a) for a in jax.jit(_number_step)(arrays, numbers)]
+        except Exception as exc:  # noqa: BLE001 - then the packed step raises what jax.jit raises
+            with pytest.raises(type(exc)):
+                step(*arrays, numbers)
+            continue
+        got = step(*arrays, numbers)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), w)
+    assert step.packed[((2, 1), (float, bool, int))] is step.unpacked
 
 
 def _dropout_gcn_step():
