@@ -9,10 +9,11 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.compile import Call, Fused, Kernel
+from polygrad.ir.ops import Op
 from polygrad.sparse.pattern import Pattern
 
 from .backend import X64
-from .kernels import pattern_arrays
+from .kernels import pattern_arrays, spmm_transposed
 
 try:  # JAX's conversion that gives a traced value the weak type a Python number passed to jax.jit has
     from jax._src.lax.lax import _convert_element_type as _weak_convert
@@ -35,16 +36,22 @@ def compile_kernels(program: Any, backend: Any) -> Callable:
     a Python number, so every operation on them has the dtype it has on the numbers themselves."""
     forward = pg.kernel_table(backend.name)
     fused = pg.kernel_table(backend.name, kind="vjp")
+    transposed = _transposed_products(program.entries, forward)
     for e in program.entries:   # device index arrays made now, never cached as tracers
         for value in (e.kwargs if isinstance(e, Fused) else e.attrs).values():
             if isinstance(value, Pattern):
                 pattern_arrays(value)
+    for values, pattern in transposed.values():
+        pattern_arrays(pattern)
 
     def run(arrays: Any, numbers: Any) -> list:
         calls = iter(numbers)
         buf = dict(zip(program.inputs, arrays))
-        for e in program.entries:
-            if isinstance(e, Kernel):
+        for n, e in enumerate(program.entries):
+            if n in transposed:
+                values, pattern = transposed[n]
+                buf[e.out] = spmm_transposed(buf[values], buf[e.inputs[1]], pattern=pattern)
+            elif isinstance(e, Kernel):
                 buf[e.out] = forward[e.key](*[buf[i] for i in e.inputs], **e.attrs)
             elif isinstance(e, Call):
                 buf.update(zip(e.outs, e.fn(*[buf[i] for i in e.inputs], *next(calls), **e.attrs)))
@@ -56,6 +63,38 @@ def compile_kernels(program: Any, backend: Any) -> Callable:
         return [buf[s] for s in program.outputs]
 
     return PackedStep(run)
+
+
+def _transposed_products(entries: tuple, forward: dict) -> dict[int, tuple[int, Pattern]]:
+    """The SpMMs to run as a product with the transpose of a pattern: entry index -> (the slot of
+    the pattern's own values, the pattern).
+
+    A backward pass multiplies by ``A^T`` as ``getitem(values, perm)`` (the values in the
+    transpose's order) then an SpMM over ``A.transpose()``: a gather of every value, then rows
+    gathered in the transpose's (scattered) order.  When both are the registry's own jax kernels
+    and ``perm`` is the pattern's transposition itself, the step computes the same product from
+    ``A``'s values and pattern directly (``kernels.spmm_transposed``: rows read in order, summed
+    into their columns): about a third less time for Cora's feature matrix on a CPU.  The gather
+    stays in the program for any other reader (XLA drops it when there is none)."""
+    made = {e.out: e for e in entries if isinstance(e, Kernel)}
+    spmm, getitem = forward.get((Op.SPMM, "csr")), forward.get((Op.GETITEM, "dense"))
+    from . import kernels
+    if spmm is not kernels.spmm or getitem is not kernels.getitem:   # a plugin override: leave it alone
+        return {}
+    found: dict[int, tuple[int, Pattern]] = {}
+    for n, e in enumerate(entries):
+        if not isinstance(e, Kernel) or e.key != (Op.SPMM, "csr") or len(e.inputs) != 2:
+            continue
+        back = getattr(e.attrs.get("pattern"), "_transpose", None)
+        gather = made.get(e.inputs[0])
+        if back is None or back[1] is not None or gather is None or gather.key != (Op.GETITEM, "dense"):
+            continue
+        pattern = back[0]   # e's pattern is pattern.transpose(); is the gather pattern's permutation?
+        index, forth = gather.attrs.get("index"), getattr(pattern, "_transpose", None)
+        if (isinstance(index, tuple) and len(index) == 1 and forth is not None and forth[0] is e.attrs["pattern"]
+                and forth[1] is not None and index[0] is forth[1]):
+            found[n] = (gather.inputs[0], pattern)
+    return found
 
 
 class PackedStep:

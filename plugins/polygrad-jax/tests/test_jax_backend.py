@@ -206,6 +206,40 @@ def test_a_compiled_step_draws_and_updates_on_device_and_equals_its_eager_run() 
     assert len(calls) == 6   # and four parameter updates
     assert opt.step_count == 6 and all(isinstance(v, jax.Array) for st in opt.state.values()
                                        for v in st.values() if not isinstance(v, int))
+    from polygrad_jax.compile import _transposed_products   # the backward's A^T @ g, both of them,
+    assert len(_transposed_products(fast.program.entries, pg.kernel_table("jax"))) == 2   # ran untransposed
+
+
+@st.composite
+def _sparse_case(draw):
+    n, m = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    cells = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, m - 1)), max_size=30, unique=True))
+    rows = np.array([c[0] for c in cells], np.int64)
+    cols = np.array([c[1] for c in cells], np.int64)
+    values = np.array(draw(st.lists(st.floats(-4, 4) | st.sampled_from([np.inf, -np.inf]),
+                                    min_size=len(cells), max_size=len(cells))), np.float64)
+    width = draw(st.sampled_from([None, 1, 3]))   # x as a vector or a matrix
+    x = np.asarray(draw(st.lists(st.floats(-4, 4), min_size=n * (width or 1), max_size=n * (width or 1))))
+    return (n, m), rows, cols, values, x.reshape((n,) if width is None else (n, width))
+
+
+@given(case=_sparse_case())
+@settings(max_examples=40, deadline=None)
+def test_the_transposed_product_equals_the_gather_and_spmm_over_the_transpose(case) -> None:
+    """``spmm_transposed`` (what a compiled step runs for a backward's ``A^T @ g``) against what
+    it replaces: the values gathered into the transpose's order, then ``spmm`` over it."""
+    from polygrad.sparse.pattern import Pattern
+    from polygrad_jax.kernels import getitem, spmm, spmm_transposed
+    shape, rows, cols, values, x = case
+    pattern, perm, _ = Pattern.from_coo(shape, rows, cols)
+    if perm is not None:
+        values = values[perm]   # the values in the pattern's own order
+    transpose, tperm = pattern.transpose()
+    vals, xs = jax.numpy.asarray(values), jax.numpy.asarray(x)
+    want = np.asarray(spmm(getitem(vals, index=(tperm,)), xs, pattern=transpose))
+    got = np.asarray(spmm_transposed(vals, xs, pattern=pattern))
+    assert got.shape == want.shape == (shape[1], *x.shape[1:])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)   # inf and NaN where it has them
 
 
 def test_without_64_bit_mode_integer_sums_are_int32_and_the_kit_passes() -> None:
