@@ -88,6 +88,17 @@ def spmm(values, x, *, pattern):
     return out.reshape(-1) if x.ndim == 1 else out
 
 
+def spmm_transposed(values, x, *, pattern):
+    """``pattern.T @ x`` with ``pattern``'s own values (in its order): each stored value times its
+    row of ``x``, read in order, summed into its column -- the product that a gather of the values
+    into the transpose's order and an ``spmm`` over ``pattern.transpose()`` give (the compiled
+    step's form of a backward pass's ``A^T @ g``, ``compile.py``)."""
+    _, rows, cols = pattern_arrays(pattern)
+    x2 = x.reshape(-1, 1) if x.ndim == 1 else x
+    out = jax.ops.segment_sum(values[:, None] * x2[rows], cols, num_segments=pattern.shape[1])
+    return out.reshape(-1) if x.ndim == 1 else out
+
+
 def sddmm(p, q, *, pattern):
     _, rows, cols = pattern_arrays(pattern)
     return jnp.sum(p[rows] * q[cols], axis=1, dtype=jnp.result_type(p, q))
