@@ -161,9 +161,10 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     any ``loss_fn`` gives eager's numbers).  ``compile="pure"`` compiles it with ``pure=True``:
     replayed kernels after the first epochs, for a ``loss_fn`` whose Python does nothing but
     issue ops (see the README's pg.compile section); its metrics must be tensors, since
-    ``loss_fn`` is not re-run on replay.  Either way the backward runs before the rollback
-    decision, whose rolled-back epochs discard the gradients.  ``History.compile_mode`` says
-    which mode ran.
+    ``loss_fn`` is not re-run on replay; the optimizer's step, still taken after the rollback
+    decision and the snapshot, replays too (a pure step of its own).  Either way the backward
+    runs before the rollback decision, whose rolled-back epochs discard the gradients.
+    ``History.compile_mode`` says which mode ran.
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
