@@ -1,11 +1,13 @@
 """fit(compile="pure") against fit(compile=False): the same history, parameters and optimizer state,
 bit for bit.
 
-Pure mode replays two compiled steps -- zero_grad + loss + backward, and, after the rollback
-decision and the snapshot, the optimizer's step (``polygrad.apps.train._compiled_update``) -- so
-the generated cases drive the optimizer step's replay through what fit does around it: rollbacks
-(which reload the optimizer's state and lower its learning rate), parameter groups, momentum and
-Adam's moments, weight decay, learning-rate schedules and the stop after too many rollbacks.
+Pure mode replays zero_grad + loss + backward with the optimizer's step inside (undone where eager
+would not have stepped: a rollback, the stop after too many, a non-finite first loss; the snapshot
+taken from the state before it), or, for an optimizer that may write into its arrays, the step as
+a replay of its own after the rollback decision (``polygrad.apps.train._compiled_update``).  The
+generated cases drive both through what fit does around the step: rollbacks (which reload the
+optimizer's state and lower its learning rate), parameter groups, momentum and Adam's moments,
+weight decay, learning-rate schedules and the stop after too many rollbacks.
 """
 from __future__ import annotations
 
@@ -21,6 +23,18 @@ from polygrad.apps.train import _compiled_update, fit
 from tests.helpers import assert_bitwise, observed
 
 
+class InPlaceSGD(optim.SGD):
+    """A user's optimizer that overrides ``_update`` and writes into the parameter's array: fit's pure
+    mode must not hold the arrays from before its step as that step's undo (it replays the step as a
+    step of its own instead, after the rollback decision)."""
+
+    def _update(self, x: Any, g: Any, lr: float, group: Any, state: dict, fast: bool) -> Any:
+        if fast:
+            x -= lr * g  # in place: the array from before the step changes too
+            return x
+        return x - lr * g
+
+
 def _optimizer(kind: str, model: nn.Module, lr: float, wd: float, groups: bool, schedule: bool) -> optim.Optimizer:
     params: Any = model.parameters()
     if groups:  # the first layer decays, the rest does not (the GCN recipe's groups)
@@ -31,6 +45,8 @@ def _optimizer(kind: str, model: nn.Module, lr: float, wd: float, groups: bool, 
         kwargs["lr_schedule"] = lambda k: 1.0 / (1.0 + 0.1 * k)
     if kind == "sgd":
         return optim.SGD(params, lr=lr, **kwargs)
+    if kind == "inplace":
+        return InPlaceSGD(params, lr=lr, **kwargs)
     if kind == "momentum":
         return optim.SGD(params, lr=lr, momentum=0.9, **kwargs)
     if kind == "adamw":
@@ -58,7 +74,7 @@ def _run(case: dict, compile: Any) -> tuple:
 cases = st.fixed_dictionaries({
     "seed": st.integers(0, 2**16),
     "dtype": st.sampled_from([np.float32, np.float64]),
-    "optimizer": st.sampled_from(["sgd", "momentum", "adam", "adamw"]),
+    "optimizer": st.sampled_from(["sgd", "momentum", "adam", "adamw", "inplace"]),
     "lr": st.sampled_from([1e-3, 0.05, 0.5, 3.0]),  # the large ones diverge: rollbacks
     "wd": st.sampled_from([0.0, 5e-4]),
     "groups": st.booleans(),
@@ -70,7 +86,7 @@ cases = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases)
 def test_fit_pure_mode_with_its_compiled_update_equals_eager_bit_for_bit(case):
     assert_bitwise(list(_run(case, "pure")), list(_run(case, False)))
@@ -127,3 +143,22 @@ def test_the_gcn_demo_replays_only_the_training_rows_of_its_last_layer(monkeypat
     (entry,) = step._cache.values()
     program = entry.capture.program
     assert any(e[0] == ASSERT_FINITE for e in program)  # the rewrite's check: it applied
+
+
+def test_a_non_finite_first_loss_raises_before_the_step_in_pure_mode_too():
+    """Eager raises before its step; pure mode steps inside its compiled call, so it must undo that
+    step before raising: the parameters are the same afterwards."""
+    import pytest
+
+    from polygrad.errors import NonFiniteError
+
+    def run(compile: Any) -> list:
+        pg.manual_seed(0)
+        model = nn.Linear(2, 1, dtype=pg.float64)
+        opt = optim.Adam(model.parameters(), lr=0.1)
+        x = pg.tensor(np.array([[1.0, np.nan]]))
+        with pytest.raises(NonFiniteError):
+            fit(model, opt, lambda: (model(x) ** 2).mean(), 3, compile=compile)
+        return [observed(model.parameters()), opt.step_count, sorted(len(s) for s in opt.state.values())]
+
+    assert_bitwise(run("pure"), run(False))
