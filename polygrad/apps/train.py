@@ -201,9 +201,12 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     any ``loss_fn`` gives eager's numbers).  ``compile="pure"`` compiles it with ``pure=True``:
     replayed kernels after the first epochs, for a ``loss_fn`` whose Python does nothing but
     issue ops (see the README's pg.compile section); its metrics must be tensors, since
-    ``loss_fn`` is not re-run on replay; the optimizer's step, still taken after the rollback
-    decision and the snapshot, replays too (a pure step of its own).  Either way the backward
-    runs before the rollback decision, whose rolled-back epochs discard the gradients.
+    ``loss_fn`` is not re-run on replay; the optimizer's step replays too: inside the same
+    compiled call for optimizers defined by a pure update rule (the built-in ones), undone where
+    the eager loop would not have stepped (a rollback) and for the snapshot, which is of the state
+    before the step; as a pure step of its own after the rollback decision for any other.  Either
+    way the backward runs before the rollback decision, whose rolled-back epochs discard the
+    gradients.
     ``History.compile_mode`` says which mode ran.
     """
     if epochs < 0:
