@@ -283,13 +283,20 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
     model, opt = build_gcn(ds, hidden, dropout, lr, weight_decay)
     curves: dict[str, list[float]] = {"loss": [], "train_acc": [], "val_acc": []}
 
+    train_rows = np.flatnonzero(ds.train_mask)  # what cross_entropy(mask=train_mask) gathers
+    train_y = y[train_rows]
+
     def loss_fn():
-        logits = model(x, edge_index)
-        loss = nn.cross_entropy(logits, y, mask=ds.train_mask)
-        return loss, {"logits": logits}  # a tensor: a compiled step replays it (a float it could not)
+        # the training rows, gathered once: the loss and the accuracy read only them, so a pure
+        # replay computes just those rows of the last layer (compile/rewrite.py's row gather),
+        # which a step returning every node's logits would forbid; the same ops as
+        # cross_entropy(logits, y, mask=train_mask), so the same bits
+        logits = model(x, edge_index)[train_rows]
+        loss = nn.cross_entropy(logits, train_y)
+        return loss, {"train_logits": logits}  # a tensor: a compiled step replays it (a float it could not)
 
     def callback(rec: EpochRecord) -> Any:
-        rec.metrics["train_acc"] = nn.accuracy(rec.metrics.pop("logits"), y, ds.train_mask)
+        rec.metrics["train_acc"] = nn.accuracy(rec.metrics.pop("train_logits"), train_y)
         curves["loss"].append(rec.loss)
         curves["train_acc"].append(rec.metrics["train_acc"])
         if track_val:

@@ -116,17 +116,70 @@ def _compile_mode(compile: bool | str) -> str:
     raise ValueError(f"fit: compile must be False, True, 'default' or 'pure', got {compile!r}")
 
 
-def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], pure: bool) -> Compiled:
-    """zero_grad + loss_fn + backward as one compiled step (``pg.compile``); the optimizer steps
-    outside it, after the rollback decision, exactly as in the eager loop."""
+def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], pure: bool,
+                   update: bool = False) -> Compiled:
+    """zero_grad + loss_fn + backward as one compiled step (``pg.compile``); with ``update``, the
+    optimizer's step too (fit then undoes it where eager would not have stepped, see
+    :class:`_StepUndo`), else the optimizer steps outside it, after the rollback decision, exactly
+    as in the eager loop."""
     def forward_backward() -> tuple[Tensor, dict[str, Any]]:
         optimizer.zero_grad()
         loss, metrics = _split(loss_fn())
         _check_loss(loss)
         loss.backward()
+        if update:
+            optimizer.step()
         return loss, metrics
 
     return pg.compile(forward_backward, modules=[model], pure=pure)
+
+
+def _replaces_arrays(optimizer: Optimizer) -> bool:
+    """Whether ``optimizer.step()`` only ever replaces its parameters' and state's arrays, never
+    writing into them: an optimizer defined by a pure update :class:`~polygrad.optim.optimizer.Rule`
+    (the built-in ones), whose new values are written with ``Tensor.update_`` -- so references to the
+    arrays from before a step are that step's undo (:class:`_StepUndo`)."""
+    cls = type(optimizer)
+    return cls._update is Optimizer._update and cls._rule is not Optimizer._rule
+
+
+class _StepUndo:
+    """What an optimizer's step changes, held by reference just before it runs: each parameter's
+    array, the per-parameter state (arrays and counters) and the step count.  ``restore()`` puts
+    them back and returns the undo of that (a redo).  Valid for optimizers that replace arrays
+    (:func:`_replaces_arrays`); fit's pure mode uses it to run the step inside the compiled call and
+    still snapshot and roll back exactly as the eager loop, which steps after its decision."""
+    __slots__ = ("optimizer", "storage", "state", "step_count")
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+        leaves = [p.values if is_sparse(p) else p for g in optimizer.param_groups for p in g["params"]]
+        self.storage = [(leaf, leaf._data) for leaf in leaves]
+        self.state = {k: dict(v) for k, v in optimizer.state.items()}
+        self.step_count = optimizer.step_count
+
+    def restore(self) -> "_StepUndo":
+        redo = _StepUndo(self.optimizer)
+        for leaf, data in self.storage:
+            leaf._data = data
+        state = self.optimizer.state
+        state.clear()
+        state.update({k: dict(v) for k, v in self.state.items()})
+        self.optimizer.step_count = self.step_count
+        return redo
+
+
+def _compiled_update(optimizer: Optimizer) -> Compiled:
+    """``optimizer.step()`` as a step of its own under ``pg.compile(pure=True)`` (for fit's pure
+    mode): the step stays after the rollback decision and the snapshot, as in the eager loop, and
+    its replay runs the recorded update rules without the optimizer's per-parameter Python (on
+    Cora's GCN: 4 parameters, 2 groups).  Pure by construction: ``step()`` only issues the updates;
+    what it cannot record (a custom optimizer) it replays as one host call, and a changed
+    hyper-parameter (the rollback's learning-rate decay) re-captures."""
+    def update() -> None:
+        optimizer.step()
+
+    return pg.compile(update, pure=True)
 
 
 def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs: int, *,
@@ -148,9 +201,13 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     any ``loss_fn`` gives eager's numbers).  ``compile="pure"`` compiles it with ``pure=True``:
     replayed kernels after the first epochs, for a ``loss_fn`` whose Python does nothing but
     issue ops (see the README's pg.compile section); its metrics must be tensors, since
-    ``loss_fn`` is not re-run on replay.  Either way the backward runs before the rollback
-    decision, whose rolled-back epochs discard the gradients.  ``History.compile_mode`` says
-    which mode ran.
+    ``loss_fn`` is not re-run on replay; the optimizer's step replays too: inside the same
+    compiled call for optimizers defined by a pure update rule (the built-in ones), undone where
+    the eager loop would not have stepped (a rollback) and for the snapshot, which is of the state
+    before the step; as a pure step of its own after the rollback decision for any other.  Either
+    way the backward runs before the rollback decision, whose rolled-back epochs discard the
+    gradients.
+    ``History.compile_mode`` says which mode ran.
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
@@ -163,13 +220,21 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
 
     mode = _compile_mode(compile)
     history = History(compile_mode=mode)
-    step = None if mode == "eager" else _compiled_step(model, optimizer, loss_fn, mode == "pure")
+    # pure mode with an optimizer that replaces its arrays: the step runs inside the compiled call
+    # (one replay), undone where the eager loop would not have stepped; else a replay of its own
+    inside = mode == "pure" and _replaces_arrays(optimizer)
+    step = None if mode == "eager" else _compiled_step(model, optimizer, loss_fn, mode == "pure", inside)
+    update = _compiled_update(optimizer) if mode == "pure" and not inside else optimizer.step
+    undo: _StepUndo | None = None
     good: _Snapshot | None = None
     model.train()
     for epoch in range(epochs):
         t0 = time.perf_counter()
         if step is not None:
-            loss, metrics = step()  # zero_grad + forward + backward, compiled
+            if inside:  # what the eager loop reads before its step, and the step's undo
+                lr = optimizer.current_lr()
+                undo = _StepUndo(optimizer)
+            loss, metrics = step()  # zero_grad + forward + backward (+ the step, inside), compiled
             backward_done = True
         else:
             loss, metrics = _split(loss_fn())
@@ -184,12 +249,17 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                 backward_done = True
             pg.materialize(loss, *(p.grad for p in optimizer._params()))
         value = float(loss.item())
-        lr = optimizer.current_lr()
+        if not inside:
+            lr = optimizer.current_lr()
         rise_too_big = (good is not None and rollback_threshold is not None
                         and value - good.loss > rollback_threshold * abs(good.loss) and value - good.loss > 1e-12)
         if not math.isfinite(value) and good is None:
+            if undo is not None:
+                undo.restore()  # the eager loop raises before its step
             raise NonFiniteError(f"fit: the loss is {value} at epoch {epoch}, before any good checkpoint")
         if good is not None and (not math.isfinite(value) or rise_too_big):
+            if undo is not None:
+                undo.restore()  # the eager loop does not step this epoch
             if history.rollbacks >= max_rollbacks:
                 history.stopped_early = True
                 history.stop_reason = f"{max_rollbacks} rollbacks; the loss keeps rising (last {value:.4g})"
@@ -205,7 +275,12 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
             record = EpochRecord(epoch, epochs, value, lr, True, time.perf_counter() - t0, metrics)
         else:
             if good is None or (value <= good.loss and epoch - good.epoch >= checkpoint_every):
-                good = _snapshot(epoch, value, model, optimizer)
+                if undo is not None:  # the state before this epoch's step, as the eager loop snapshots it
+                    redo = undo.restore()
+                    good = _snapshot(epoch, value, model, optimizer)
+                    redo.restore()
+                else:
+                    good = _snapshot(epoch, value, model, optimizer)
                 if checkpoint_path is not None:
                     pg.save({"model": good.model, "optimizer": good.optimizer, "epoch": epoch,
                              "loss": value}, checkpoint_path)
@@ -214,7 +289,8 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
             if not backward_done:
                 optimizer.zero_grad()
                 loss.backward()
-            optimizer.step()
+            if not inside:
+                update()
             record = EpochRecord(epoch, epochs, value, lr, False, time.perf_counter() - t0, metrics)
         history.records.append(record)
         if callback is not None and callback(record) is True:
