@@ -82,7 +82,9 @@ def _kernels(nodes: int, edges: int, features: int, graph: str) -> dict[str, Cal
     adj = pg.gcn_norm(pg.from_edge_index(ei, nodes))
     del ei
     pattern = adj.pattern
-    vals = np.ascontiguousarray(adj.values.numpy(), dtype=np.float32)
+    values = adj.values
+    # the storage itself, as the kernels get it in training (.numpy() would mark it writable by the user)
+    vals = np.ascontiguousarray(values._be.to_numpy(values._data), dtype=np.float32)
     indptr, cols = nb.sparsetools_indices(pattern)
     x = rng.standard_normal((nodes, features), dtype=np.float32)
     g = rng.standard_normal((nodes, features), dtype=np.float32)
