@@ -20,7 +20,7 @@ import polygrad as pg
 from polygrad.runtime.pool import HOST_POOL
 from polygrad.runtime.backend import HOST_DLPACK_DEVICES, elementwise_kernels
 from polygrad.ir.ops import Op
-from polygrad.runtime.threads import run_blocks
+from polygrad.runtime.threads import BLAS_THREADS, run_blocks, set_blas_threads
 
 from . import parallel
 from .array_kernels import make_kernels
@@ -245,17 +245,26 @@ pooled_relu.polygrad_small = (pooled_relu, relu, POOL_MIN_ELEMENTS)  # type: ign
 
 
 def pooled_matmul(a, b):
-    """``a @ b``; 2-D products of pooled size write into a pooled buffer."""
+    """``a @ b``; 2-D products of pooled size write into a pooled buffer, large ones cut into
+    blocks that do not depend on the thread count (:func:`parallel.matmul`)."""
     if a.ndim != 2 or b.ndim != 2 or (a.size < POOL_MIN_ELEMENTS and b.size < POOL_MIN_ELEMENTS):
         return np.matmul(a, b)
     dtype = np.result_type(a.dtype, b.dtype)
     if dtype.kind not in "fc" or a.shape[1] != b.shape[0]:
         return np.matmul(a, b)  # integer products and shape errors: numpy's own path and message
-    return np.matmul(a, b, out=POOL.empty((a.shape[0], b.shape[1]), dtype))
+    return parallel.matmul(a, b, POOL.empty((a.shape[0], b.shape[1]), dtype))
 
 
-# a small output (even of large operands: its buffer is below the pool's size) is np.matmul's own
-pooled_matmul.polygrad_small = (pooled_matmul, np.matmul, POOL_MIN_ELEMENTS)  # type: ignore[attr-defined]
+def small_matmul(a, b):
+    """:func:`pooled_matmul` for a small output (even of large operands: its buffer is below the
+    pool's size): np.matmul's own, unless the operands are long enough to be cut into blocks."""
+    if (a.ndim == 2 and b.ndim == 2
+            and (a.shape[0] >= 2 * parallel.GEMM_ROWS or a.shape[1] >= 2 * parallel.GEMM_SUM_ROWS)):
+        return pooled_matmul(a, b)
+    return np.matmul(a, b)
+
+
+pooled_matmul.polygrad_small = (pooled_matmul, small_matmul, POOL_MIN_ELEMENTS)  # type: ignore[attr-defined]
 
 
 def expand(x, *, shape):
@@ -312,6 +321,9 @@ class NumpyBackend(pg.Backend):
         self.vjp_kernels[(Op.ADDCMUL, "dense")] = addcmul_vjp(dispatched)
         self.vjp_kernels[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_vjp(dispatched, np)
         self.pool = POOL
+        # from the first product on, not only from the first parallel kernel: a product's bits
+        # must not depend on how many threads OpenBLAS would have chosen (polygrad.runtime.threads)
+        set_blas_threads(BLAS_THREADS)
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array

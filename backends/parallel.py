@@ -15,15 +15,18 @@ and under load), which a block must outweigh several times.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 from scipy.sparse import _sparsetools
 
+from polygrad.runtime import sharing
+
 from polygrad.runtime.threads import block_positions, even_blocks, get_num_threads, row_blocks, run_blocks
 
 __all__ = ["even_blocks", "row_blocks", "run_blocks", "threads_for", "by_rows", "csr_spmm", "transposed_spmm",
-           "elementwise", "reduce_trailing", "column_sums", "bincount"]
+           "elementwise", "reduce_trailing", "column_sums", "bincount", "matmul"]
 
 #: multiply-adds (nnz x F) below which a sparse kernel runs serially: 2**20 takes ~1 ms on one core
 #: (SpMM, 100k nonzeros x F=16 measured 0.9 ms), against ~0.1 ms to hand out two blocks
@@ -37,6 +40,14 @@ DENSE_PARALLEL_MIN = 1 << 20
 BLOCKS_PER_THREAD = 4
 #: rows per partial sum in :func:`column_sums`: fixed (never the thread count), so the bits are too
 COLUMN_SUM_ROWS = 1 << 14
+#: output rows per block of a tall product ``a @ b`` (a layer's ``x @ W``), cut only from two blocks
+#: on: fixed, never the thread count, because OpenBLAS's bits for a row depend on the rows it is
+#: computed with (cutting a product's rows elsewhere changed bits in ~10-25% of random shapes,
+#: measured); 16k x 64 x 64 float32 is ~2 ms of BLAS, against ~50 us to hand out a block
+GEMM_ROWS = 1 << 14
+#: entries of the summed axis per partial product of a long reduction ``aᵀ @ g`` (a weight
+#: gradient over every node), the partials then added in order, as :func:`column_sums` does
+GEMM_SUM_ROWS = 1 << 15
 
 
 def threads_for(work: int, minimum: int) -> int:
@@ -96,7 +107,7 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
     A's rows j, starting from zero; Aᵀ's CSR rows list those j in the same order, and ``csr_matvecs``
     runs the same multiply-add per entry).  One thread: that serial kernel, no transpose built.
     More: Aᵀ's CSR (cached, 3 index arrays) in row blocks, each gathering its values through the
-    permutation into a temporary of its own nonzeros."""
+    permutation (once per values array the user cannot write: :func:`_transposed_values`)."""
     n, m = pattern.shape
     f = 1 if g.ndim == 1 else g.shape[1]
     nnz = int(cols.shape[0])
@@ -111,6 +122,7 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
                 _sparsetools.csc_matvecs(m, n, f, indptr, cols, vals, gs, out.reshape(-1))
         return
     t_indptr, t_cols, perm = transposed_csr(pattern, indptr, cols)
+    kept, t_vals = _transposed_values(pattern, vals)
 
     def block(r0: int, r1: int) -> None:
         o = out[r0:r1]
@@ -118,13 +130,40 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
         lo, hi = int(t_indptr[r0]), int(t_indptr[r1])
         if f and hi > lo:
             ptr = t_indptr[r0:r1 + 1] - t_indptr.dtype.type(lo)
-            v = np.take(vals, perm[lo:hi])
+            if t_vals is None:
+                v = np.take(vals, perm[lo:hi])
+            elif kept:
+                v = t_vals[lo:hi]
+            else:
+                v = np.take(vals, perm[lo:hi], out=t_vals[lo:hi])
             if g.ndim == 1:
                 _sparsetools.csr_matvec(r1 - r0, n, ptr, t_cols[lo:hi], v, gs, o)
             else:
                 _sparsetools.csr_matvecs(r1 - r0, n, f, ptr, t_cols[lo:hi], v, gs, o.reshape(-1))
 
     run_blocks(block, row_blocks(t_indptr, m, blocks_for(threads)), threads)
+    if t_vals is not None and not kept and f:  # every block filled its part: keep it for the next call
+        pattern.derived(_TRANSPOSED_VALUES_KEY, lambda p: {})["entry"] = (weakref.ref(vals), t_vals)
+
+
+#: where :func:`_transposed_values` keeps, per pattern, one values array in Aᵀ's order
+_TRANSPOSED_VALUES_KEY = "numpy.transposed_values"
+
+
+def _transposed_values(pattern, vals: np.ndarray) -> tuple[bool, np.ndarray | None]:
+    """``(True, vals in Aᵀ's CSR order)`` when the last call on ``pattern`` gathered them from this
+    very array; else ``(False, a buffer to gather them into)`` -- or ``(False, None)``: gather into
+    temporaries, keep nothing -- for an array whose memory the user may write (``pg.from_numpy``,
+    ``t.numpy()``: :mod:`polygrad.runtime.sharing`).  polygrad itself never writes into an array
+    it made, so an unshared array that is still alive holds what it held: a GCN's normalised
+    adjacency, the same every epoch, is gathered once (the gather is ~11% of the kernel's work at
+    1M nodes / 11M nonzeros, F=64), for one values array (4 bytes per nonzero in float32) per pattern."""
+    if sharing.is_shared(vals):
+        return False, None
+    entry = pattern.derived(_TRANSPOSED_VALUES_KEY, lambda p: {}).get("entry")
+    if entry is not None and entry[0]() is vals:
+        return True, entry[1]
+    return False, np.empty(vals.shape[0], dtype=vals.dtype)
 
 
 # -- row-blocked numpy kernels ---------------------------------------------------------------------
@@ -207,3 +246,39 @@ def bincount(keys: np.ndarray, weights: np.ndarray, minlength: int) -> np.ndarra
     # one block per thread: every block reads all the keys once to pick its entries
     run_blocks(block, even_blocks(minlength, threads), threads)
     return out
+
+
+def _fixed_cuts(n: int, size: int) -> list[tuple[int, int]]:
+    return [(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``a @ b`` (2-D, floating) into ``out``, bit-identical at any thread count.
+
+    BLAS runs on one thread (:mod:`polygrad.runtime.threads`): OpenBLAS's own threads give other
+    bits at other counts (measured: ``xᵀ @ g`` for a 2708 x 1433 ``x`` and a 2708 x 16 ``g``, at 1
+    and 2 threads), and its static split leaves a thread idle whenever another process holds a
+    core.  Instead, a tall product is cut into blocks of ``GEMM_ROWS`` output rows and a long
+    reduction into partial products over ``GEMM_SUM_ROWS`` entries of the summed axis, added in
+    order; the cuts depend on the shape only, and the blocks go to polygrad's threads."""
+    m, k = a.shape
+    threads = threads_for(m * k * b.shape[1], SPARSE_PARALLEL_MIN)
+    if m >= 2 * GEMM_ROWS:
+        def rows(r0: int, r1: int) -> None:
+            np.matmul(a[r0:r1], b, out=out[r0:r1])
+
+        run_blocks(rows, _fixed_cuts(m, GEMM_ROWS), threads)
+        return out
+    if k >= 2 * GEMM_SUM_ROWS:
+        cuts = _fixed_cuts(k, GEMM_SUM_ROWS)
+        partial = np.empty((len(cuts),) + out.shape, dtype=out.dtype)
+
+        def chunk(i: int, k0: int, k1: int) -> None:
+            np.matmul(a[:, k0:k1], b[k0:k1], out=partial[i])
+
+        run_blocks(chunk, [(i, k0, k1) for i, (k0, k1) in enumerate(cuts)], threads)
+        out[...] = partial[0]
+        for i in range(1, len(cuts)):
+            out += partial[i]
+        return out
+    return np.matmul(a, b, out=out)

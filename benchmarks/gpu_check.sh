@@ -15,11 +15,14 @@
 #   6. python -m benchmarks gcn / sparse on cupy (POLYGRAD_BACKEND=cupy, plus --backend cupy when
 #      the harness has that flag), --quick
 #   7. the rest of tests/backends restricted to the cupy parametrisation (-k cupy)
-#   8. CPU scaling table (the device machine has 16 cores; issue 21): python -m benchmarks scale
-#      --threads 1,2,4,8,16 on an R-MAT graph, polygrad vs torch.sparse CSR (and PyG when installed),
-#      sized by GPU_CHECK_SCALE_NODES / GPU_CHECK_SCALE_EDGES (default 200,000 / 2,000,000 so that
-#      it fits the budget left; the Done-when size is 1,000,000 / 10,000,000), run whether or
-#      not cupy is usable
+#   8. CPU scaling (the device machine has 16 cores; issue 21), run whether or not cupy is usable,
+#      on GPU_CHECK_CPU_RESERVE_S seconds (default 100) that the steps above cannot use up:
+#      a. python -m benchmarks threads --threads 1,2,4,8,16: each parallel kernel's wall time, CPU
+#         time, serial part and bits at each count (a microbenchmark: seconds);
+#      b. the scaling table: python -m benchmarks scale --threads 1,2,4,8,16 on an R-MAT graph,
+#         polygrad vs torch.sparse CSR (and PyG when installed), with the Amdahl projection.
+#      Both sized by GPU_CHECK_SCALE_NODES / GPU_CHECK_SCALE_EDGES (default 200,000 / 2,000,000 so
+#      that they fit; the Done-when size is 1,000,000 / 10,000,000)
 #
 # Data: Cora is read from $POLYGRAD_PLANETOID_DIR, else from .device_data/planetoid in this
 # checkout (git-ignored: copy ../shared/data/planetoid there and name .device_data in the run's
@@ -39,7 +42,9 @@ PY=${PYTHON:-python}
 SUMMARY=()
 FAILED=0
 
-remaining() { echo $(( BUDGET - ($(date +%s) - START) )); }
+# seconds kept for the CPU scaling steps at the end (set to 0 when they start)
+RESERVE=${GPU_CHECK_CPU_RESERVE_S:-100}
+remaining() { echo $(( BUDGET - RESERVE - ($(date +%s) - START) )); }
 
 # step NAME MAX_SECONDS CMD... : run CMD under a time limit, record PASS / FAIL / SKIP
 step() {
@@ -240,12 +245,17 @@ print("" if info is not None and info.available else (info.reason if info else "
             -p no:cacheprovider -k cupy
     fi
 
-    # the CPU scaling table: one process per system and thread count (benchmarks/scale_bench.py)
+    # the CPU scaling steps: the reserved time is theirs now
+    RESERVE=0
     local counts="1,2,4,8,16" nproc_here
     nproc_here=$(nproc 2>/dev/null || echo 1)
     if (( nproc_here < 16 )); then counts=$("$PY" -c "import sys; n=int(sys.argv[1]); print(','.join(str(c) for c in (1,2,4,8,16) if c <= n))" "$nproc_here"); fi
     local scale_systems="polygrad,torch-csr"
     if "$PY" -c "import torch_geometric" >/dev/null 2>&1; then scale_systems="$scale_systems,pyg"; fi
+    step "parallel kernels (benchmarks threads --threads $counts)" 60 "$PY" -m benchmarks threads \
+        --threads "$counts" --graph rmat --repeat 3 \
+        --nodes "${GPU_CHECK_SCALE_NODES:-200000}" --edges "${GPU_CHECK_SCALE_EDGES:-2000000}"
+    # the scaling table: one process per system and thread count (benchmarks/scale_bench.py)
     step "CPU scaling table (scale --threads $counts --graph rmat)" 240 "$PY" -m benchmarks scale \
         --threads "$counts" --graph rmat --systems "$scale_systems" --epochs 3 \
         --nodes "${GPU_CHECK_SCALE_NODES:-200000}" --edges "${GPU_CHECK_SCALE_EDGES:-2000000}"

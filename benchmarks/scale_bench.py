@@ -8,7 +8,8 @@ power law, a=0.57, b=c=0.19, vertex ids permuted).  Each system runs in its own 
 thread count of ``--threads`` (``1,2`` ...: ``POLYGRAD_NUM_THREADS``, ``OMP_NUM_THREADS`` and the
 BLAS variables, ``torch.set_num_threads``), on the same graph (same seed):
 
-* ``polygrad``    -- ``pg.nn.GCN`` on the edge_index, as a user writes it (``pip install -e .``);
+* ``polygrad``    -- ``pg.nn.GCN`` on the edge_index, as a user writes it (``pip install -e .``), the
+  features shared with ``pg.from_numpy`` as the torch rows share them with ``torch.from_numpy``;
 * ``torch-coo``   -- plain PyTorch, ``torch.sparse.mm`` on a coalesced COO adjacency;
 * ``torch-csr``   -- plain PyTorch, a CSR adjacency;
   both torch adjacencies built and normalised with scipy (coo -> csr, self loops, D^-1/2 A D^-1/2);
@@ -141,7 +142,7 @@ def _train_polygrad(edge_index, x, y, train, epochs: int) -> tuple[list[float], 
     pg.manual_seed(SEED)
     model = pg.nn.GCN(x.shape[1], HIDDEN, 2, CLASSES, dropout=0.5, input_dropout=False)
     opt = pg.optim.Adam(model.parameters(), lr=0.01)
-    xt = pg.tensor(x)
+    xt = pg.from_numpy(x)  # shares x's memory, as torch.from_numpy in the torch rows (pg.tensor copies: 256 MB)
     times, losses = [], []
     for _ in range(epochs):
         t0 = time.perf_counter()

@@ -3,12 +3,16 @@
 Every graph layer (``MessagePassing`` and all layers on it, ``GCNConv``) turns its ``graph``
 argument into index arrays once and reuses them while the same graph comes back, which is
 what makes an epoch cheap.  The cache is keyed by what the graph *contains*, never by which
-object it is: a host copy of the ``edge_index`` (or of a sparse adjacency's pattern and values)
-is kept and compared with ``np.array_equal`` on every call -- O(E): 7-12 us on Cora's 10,556
-edges, against 0.7 ms and more for the cheapest layer's forward and backward there (GINConv,
-F=64; measured on a loaded 2-core machine) -- so editing the same array in place
+object it is, and checked on every call, so editing the same array in place
 (``ei[0, :10] = 9``) or passing another graph rebuilds, instead of silently reusing the stale
-structure.
+structure.  The key holds, per array (an ``edge_index``, a sparse adjacency's values):
+
+* below :data:`DIGEST_FROM_BYTES`, a read-only copy, compared with ``np.array_equal`` -- 7-12 us
+  on Cora's 10,556 edges, against 0.7 ms and more for the cheapest layer's forward and backward
+  there (GINConv, F=64; measured on a loaded 2-core machine);
+* from that size on, an :class:`~polygrad.runtime.digest.ArrayDigest` (SHA-256 of the content,
+  32 bytes) instead of the copy: a 10M-edge ``edge_index``'s copy was 153 MiB of a GCN's 2.4 GB
+  peak; the digest is recomputed on every call, in parallel, at ~1 GB/s per thread.
 
 The layers of one forward pass share what they build: a layer that misses its own cache looks
 in the memo of the outermost module call (:func:`polygrad.nn.module.forward_memo`), with the
@@ -33,6 +37,7 @@ import numpy as np
 
 from polygrad.engine.dispatch import note_host_read
 from polygrad.ir.errors import ShapeError
+from polygrad.runtime.digest import ArrayDigest
 from polygrad.sparse.pattern import Pattern, indptr_from_rows
 from polygrad.sparse import is_sparse
 from polygrad.sparse.graph import edge_index_array
@@ -41,13 +46,18 @@ from polygrad.tensor import Tensor
 
 from .module import forward_memo
 
-__all__ = ["EdgeGraph", "GraphCache", "fingerprint", "owned", "same_fingerprint", "self_loop_edge_index", "FLOWS"]
+__all__ = ["EdgeGraph", "GraphCache", "fingerprint", "content_key", "owned", "same_fingerprint",
+           "self_loop_edge_index", "FLOWS", "DIGEST_FROM_BYTES"]
 
 FLOWS = ("source_to_target", "target_to_source")
 
 #: structures one forward pass shares between its layers (the most recent; a forward over more
 #: distinct graphs, a heterogeneous model's edge types, rebuilds the oldest when it meets it again)
 SHARED_PER_FORWARD = 8
+#: arrays of at least this many bytes are kept in a key as a digest, smaller ones as a copy: at
+#: 16 MiB a copy is noise in the memory of a model on that graph, and a digest costs ~2x the
+#: comparison of a copy (SHA-256 ~1 GB/s per thread vs ~2 GB/s, measured here)
+DIGEST_FROM_BYTES = 1 << 24
 
 
 # -- content keys -----------------------------------------------------------------------------------
@@ -70,20 +80,39 @@ def fingerprint(graph: Any) -> tuple:
     return ("edge_index", np.asarray(graph))
 
 
+def content_key(key: tuple) -> tuple:
+    """``key`` with every array of :data:`DIGEST_FROM_BYTES` or more replaced by its
+    :class:`ArrayDigest` (computed once here, so that comparing the result with several stored
+    keys hashes nothing again); smaller arrays stay as they are (views)."""
+    def probe(x: Any) -> Any:
+        if isinstance(x, np.ndarray) and x.nbytes >= DIGEST_FROM_BYTES and not x.dtype.hasobject:
+            return ArrayDigest.of(x)
+        return x
+    return tuple(probe(x) for x in key)
+
+
 def owned(key: tuple) -> tuple:
-    """A key whose arrays are read-only copies: the user's later in-place edits cannot reach it."""
-    def copy(a: np.ndarray) -> np.ndarray:
-        a = np.array(a)
-        a.flags.writeable = False
-        return a
-    return tuple(copy(x) if isinstance(x, np.ndarray) else x for x in key)
+    """A key the user's later in-place edits cannot reach: small arrays as read-only copies,
+    large ones as digests of their content (:func:`content_key`)."""
+    def keep(x: Any) -> Any:
+        if not isinstance(x, np.ndarray):
+            return x
+        x = np.array(x)
+        x.flags.writeable = False
+        return x
+    return tuple(keep(x) for x in content_key(key))
 
 
 def same_fingerprint(a: tuple, b: tuple) -> bool:
-    """Equal content (arrays compared elementwise, dtype included; patterns by identity)."""
+    """Equal content: arrays compared elementwise, dtype included (an array against a digest by
+    digesting it); digests by value; patterns by identity."""
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
+        if isinstance(x, ArrayDigest) and isinstance(y, np.ndarray):
+            y = ArrayDigest.of(y) if y.nbytes >= DIGEST_FROM_BYTES else None
+        elif isinstance(y, ArrayDigest) and isinstance(x, np.ndarray):
+            x = ArrayDigest.of(x) if x.nbytes >= DIGEST_FROM_BYTES else None
         if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
             nan_ok = x.dtype.kind == "f" and y.dtype.kind == "f"
             if x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y, equal_nan=nan_ok):
@@ -203,7 +232,8 @@ class GraphCache:
             self_loops = self.self_loops
         if flow not in FLOWS:
             raise ValueError(f"{op}: flow must be one of {FLOWS}, got {flow!r}")
-        key = fingerprint(graph)
+        views = fingerprint(graph)
+        key = content_key(views)  # large arrays digested once, for every comparison below
         params = (sizes, flow, bool(self_loops))
         if self._value is not None and self._key[1] == params and same_fingerprint(self._key[0], key):
             return self._value
@@ -217,11 +247,11 @@ class GraphCache:
                 if their_params == params and same_fingerprint(their_key, key):
                     self._key, self._value = (their_key, their_params), value
                     return value
-        key = owned(key)
-        # built from our copy, never the caller's array: index arrays saved for a backward pass
-        # must not change when the caller edits the array between forward and backward
-        value = self._build(op, key[1] if key[0] == "edge_index" else graph, sizes, flow, self_loops)
-        self._key, self._value = (key, params), value
+        # built from the host array the key was taken from (an EdgeGraph copies what it keeps
+        # of it: index arrays saved for a backward pass must not change when the caller edits
+        # the array between forward and backward)
+        value = self._build(op, views[1] if views[0] == "edge_index" else graph, sizes, flow, self_loops)
+        self._key, self._value = (owned(key), params), value
         if built is not None:
             if len(built) >= SHARED_PER_FORWARD:
                 del built[0]
@@ -253,6 +283,8 @@ class GraphCache:
             dst, src = ei[i], ei[j]
             num_dst, num_src = full[i], full[j]
         if not self_loops:
+            if not isinstance(graph, Pattern) and not is_sparse(graph) and np.may_share_memory(ei, graph):
+                dst, src = dst.copy(), src.copy()  # views of the caller's array: the graph keeps its own
             return EdgeGraph(dst, src, num_dst, num_src, n_given)
         # a bipartite graph gets loops on the nodes both sides have (PyG's GATConv: min(N, M))
         looped = self_loop_edge_index(np.stack([dst, src]), min(num_dst, num_src))

@@ -20,12 +20,16 @@ large arrays, and ``BitGenerator.random_raw``.  No compiler and no new dependenc
 every block in the calling thread (the pure serial path).  The pool is created on first use and
 dropped in a forked child (whose copy of the pool's threads does not exist), which makes a new one.
 
-**BLAS.**  numpy's and scipy's OpenBLAS each keep a thread pool of their own; the setting is
-passed to them through their ``openblas_set_num_threads`` entry points (found among the libraries
-loaded in the process, as threadpoolctl does, without depending on it).  With neither
-``POLYGRAD_NUM_THREADS`` nor a BLAS variable (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ...)
-set, BLAS is given the default count at the first parallel kernel, so a container's quota
-holds for it too.
+**BLAS.**  polygrad runs BLAS on one thread and parallelises large products itself
+(``backends/parallel.py``: ``matmul``), in blocks cut where the shape says, never where the thread
+count says: OpenBLAS's own threads give other bits at other counts (measured: ``xᵀ @ g`` for a
+2708 x 1433 ``x`` and a 2708 x 16 ``g`` differs at 1 and 2 threads), and its static split, with
+threads that spin while they wait, made a GCN epoch on a loaded 2-core machine 2x slower at 2
+threads than at BLAS's 1 (300k nodes: 1.95-2.73 s against 0.87-1.15 s).  numpy's and scipy's
+OpenBLAS each keep a thread pool of their own; they are set to one thread through their
+``openblas_set_num_threads`` entry points (found among the libraries loaded in the process, as
+threadpoolctl does, without depending on it) when polygrad first decides its thread count and
+at every ``pg.set_num_threads``.  That includes the user's own numpy products in the process.
 """
 from __future__ import annotations
 
@@ -41,11 +45,11 @@ import numpy as np
 from ..ir.errors import PolygradError
 
 __all__ = ["set_num_threads", "get_num_threads", "available_cores", "run_blocks", "row_blocks", "even_blocks",
-           "block_positions", "ThreadCountError"]
+           "block_positions", "ThreadCountError", "set_blas_threads", "BLAS_THREADS"]
 
 ENV_VAR = "POLYGRAD_NUM_THREADS"
-#: variables through which a user already told BLAS its thread count (then polygrad's default leaves it)
-BLAS_ENV_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+#: threads BLAS runs on: one, so that a product's bits do not depend on the thread count (see above)
+BLAS_THREADS = 1
 #: OpenBLAS's setter as numpy's and scipy's wheels export it (prefix "scipy_", suffix "64_" for the
 #: 64-bit-integer build) and as a system OpenBLAS does
 _OPENBLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
@@ -166,20 +170,20 @@ def get_num_threads() -> int:
     if n is None:
         env = _from_env()
         n = _state.num_threads = env if env is not None else available_cores()
-        if env is not None or not any(os.environ.get(v) for v in BLAS_ENV_VARS):
-            set_blas_threads(n)
+        set_blas_threads(BLAS_THREADS)
         _state.blas_done = True
     return n
 
 
 def set_num_threads(n: int) -> None:
-    """Use ``n`` threads (an integer >= 1) in polygrad's CPU kernels and in BLAS, process-wide.
+    """Use ``n`` threads (an integer >= 1) in polygrad's CPU kernels (BLAS included: its
+    products are cut into blocks for them), process-wide.
 
     ``n = 1`` runs every kernel serially in the calling thread.  Results are bit-identical at any
     ``n`` (see the module docstring), so the count can change between steps of a training run."""
     n = _validated(n, "pg.set_num_threads")
     _state.num_threads = n
-    set_blas_threads(n)
+    set_blas_threads(BLAS_THREADS)
     _state.blas_done = True
 
 
