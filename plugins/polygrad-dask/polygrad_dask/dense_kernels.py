@@ -51,7 +51,22 @@ def permute(x: da.Array, *, perm: tuple) -> da.Array:
 
 
 def expand(x: da.Array, *, shape: tuple) -> da.Array:
-    return da.broadcast_to(x, shape)
+    """``x`` broadcast to ``shape``, chunked as every array of that shape (row blocks on axis 0).
+
+    dask's default gives a broadcast axis one chunk: a bias expanded to ``N x F`` would be one
+    ``N``-row block that every elementwise op with a row-blocked array first splits
+    (``rechunk``), on one worker, with half of it sent to the other; chunked by rows, each block
+    is a view made where it is used."""
+    shape = tuple(shape)
+    lead = len(shape) - x.ndim
+    out = []
+    for d, n in enumerate(shape):
+        k = d - lead
+        if k >= 0 and x.shape[k] == n and n != 1:
+            out.append(x.chunks[k])  # an axis x already has: its own chunks (broadcast_to requires them)
+        else:
+            out.append(chunks.row_chunks(n) if d == 0 else (n,))
+    return da.broadcast_to(x, shape, chunks=tuple(out))
 
 
 def _host_index(index: tuple) -> tuple:
