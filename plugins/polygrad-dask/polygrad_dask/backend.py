@@ -9,7 +9,6 @@ bounded.  Sparse ops run block by block on the workers (``sparse_kernels``).
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -159,38 +158,9 @@ def _persist(client: Any, arrays: list) -> list:
     computed on row block ``i``'s worker, where the pattern's block ``i`` lives
     (``cluster.row_placement``): features and activations stay beside the graph rows they meet,
     and no step moves them.  dask's own optimisation is off, since its low-level fusion renames
-    tasks and drops their placement; ``FUSE`` fuses block-wise chains first (:func:`fused`)."""
-    arrays = fused(arrays) if FUSE else arrays
+    tasks and drops their placement."""
     with cluster.row_placement(arrays, chunks.partitions, client):
         return client.persist(arrays, optimize_graph=False)
-
-
-#: fuse chains of block-wise ops before a graph is sent (POLYGRAD_DASK_FUSE=1).  Off by default:
-#: it cuts a GCN step's tasks by ~40% (229 -> 142 at 2 blocks) without a measurable epoch gain on
-#: the shared 2-core machine, and on a cluster its parameters, though equal to the unfused ones
-#: to ~1e-15, were not bitwise the same run after run (the unfused graph's were; see
-#: tests/test_fused_graphs.py)
-FUSE = os.environ.get("POLYGRAD_DASK_FUSE", "0") == "1"
-
-
-def fused(arrays: list) -> list:
-    """``arrays`` over one graph in which every chain of block-wise layers (elementwise ops,
-    matmul's block products, reductions' first level) is one task per block, and what they do not
-    need is culled.
-
-    Every task costs a scheduler round trip (the scheduler shares the client's two cores), and a
-    step's elementwise chains -- bias, ReLU, the loss, Adam's update -- are dozens of tasks per row
-    block, each doing microseconds of work.  A fused task runs the same numpy calls on the same
-    blocks in the same order, so results are bitwise those of the unfused graph.  The fused layer
-    keeps its output's name and block indices, so ``cluster.row_placement`` still pins it, and
-    dask fuses only layers whose annotations agree (the sparse kernels' pinned tasks keep theirs)."""
-    from dask.array.optimization import optimize_blockwise
-    from dask.highlevelgraph import HighLevelGraph
-
-    keys = [k for a in arrays for k in flatten(a.__dask_keys__())]
-    graph = HighLevelGraph.merge(*[a.__dask_graph__() for a in arrays])
-    graph = optimize_blockwise(graph, keys=keys).cull(set(keys))
-    return [da.Array(graph, a.name, a.chunks, meta=a._meta) for a in arrays]
 
 
 def _futures_of(array: Any) -> list:
