@@ -69,9 +69,6 @@ def compiled_spmm(fallback):
     # Break-even densities (at F=16, at F=1433) below which this SpMM beats a dense matmul: those the
     # polygrad-scipy plugin measured for the same compiled kernel (17-32% and 6-8%; the low ends kept)
     spmm.polygrad_break_even = (0.17, 0.06)  # type: ignore[attr-defined]
-    # each output row of a compiled dtype is a sequential sum from +0.0 in pattern order (scipy's
-    # csr_matvecs into zeroed rows): a pure replay may drop zero values (polygrad/compile/zero_skip.py)
-    spmm.polygrad_zero_terms = (spmm, COMPILED_DTYPES)  # type: ignore[attr-defined]
     return spmm
 
 
@@ -101,8 +98,6 @@ def compiled_spmm_vjp(sddmm):
             dx = out.astype(x.dtype, copy=False)
         return dvalues, dx
 
-    # dX of a compiled dtype: each row a sequential sum from +0.0 in A's row order (polygrad/compile/zero_skip.py)
-    spmm_vjp.polygrad_zero_terms = (spmm_vjp, COMPILED_DTYPES)  # type: ignore[attr-defined]
     return spmm_vjp
 
 

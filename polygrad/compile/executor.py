@@ -19,7 +19,6 @@ from .program import (ARG, ASSERT_FINITE, BACKWARD, CALL, FRESH, FUSED, GRAD, HO
                       _ReplayFault, _reads, _result_slots, _shape_check_source, _ShapeMismatch)
 from .backend_compile import offer
 from .rewrite import _all_finite, _push_row_gathers
-from .zero_skip import skip_dropped_values
 
 
 def prepare(cap: Capture) -> Capture:
@@ -27,7 +26,6 @@ def prepare(cap: Capture) -> Capture:
     part of the guard key) and generate its function."""
     if registry.events["polygrad_op_executed"] is None:
         cap.program, cap.meta = _push_row_gathers(cap.program, cap.meta, cap.spec)
-        cap.program, cap.meta = skip_dropped_values(cap.program, cap.meta)
     cap.fast = offer(cap, _generate(cap), _result, _rebuild)  # a backend may compile its kernels (backend_compile.py)
     return cap
 
@@ -196,9 +194,7 @@ def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict
             args = [*(f"b{i}" for i in ins), f"*NUMBERS({const(e)})", *([kw] if kw else [])]
             lines = [f"r = {const(fn)}({', '.join(args)})"]
             for i, slot in enumerate(outs):
-                lines.append(f"b{slot} = r[{i}]")
-                if cap.meta[slot][1] is not None:  # None: no fixed shape (zero_skip.py's compacted entries)
-                    lines.append(shape_check(f"b{slot}", be, cap.meta[slot][1]))
+                lines += [f"b{slot} = r[{i}]", shape_check(f"b{slot}", be, cap.meta[slot][1])]
             if stepped:
                 lines = guarded(lines, ["raise Fault(exc, True) from exc"])
         elif kind == STATE:
