@@ -4,8 +4,9 @@ validation mode and event listeners."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -21,12 +22,34 @@ from .backend_compile import offer
 from .rewrite import _all_finite, _push_row_gathers
 
 
+#: set by :func:`profile_entries`: the per-entry seconds of the replays prepared meanwhile
+_profile: dict[str, float] | None = None
+
+
+@contextlib.contextmanager
+def profile_entries() -> Iterator[dict[str, float]]:
+    """Time each program entry of the replays of the steps captured inside the block.
+
+    Yields a dict, filled as those replays run (inside the block or after it): a description of an
+    entry (``"<capture>:<entry> <kind> <op>"`` and its generated line) -> seconds summed over its
+    replays.  Diagnostic only (``python -m benchmarks.compile_profile``): the timed function costs
+    two clock reads per entry; replays prepared outside the block are untimed."""
+    global _profile
+    times: dict[str, float] = {}
+    previous, _profile = _profile, times
+    try:
+        yield times
+    finally:
+        _profile = previous
+
+
 def prepare(cap: Capture) -> Capture:
     """Rewrite ``cap``'s program (unless an op listener must see eager's ops: whether one listens is
     part of the guard key) and generate its function."""
     if registry.events["polygrad_op_executed"] is None:
         cap.program, cap.meta = _push_row_gathers(cap.program, cap.meta, cap.spec)
-    cap.fast = offer(cap, _generate(cap), _result, _rebuild)  # a backend may compile its kernels (backend_compile.py)
+    # a backend may compile its kernels (backend_compile.py)
+    cap.fast = offer(cap, _generate(cap, timings=_profile), _result, _rebuild)
     return cap
 
 
@@ -99,12 +122,14 @@ def _small(kernel: Callable, size: int) -> Callable:
     return kernel
 
 
-def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict], Any]:
+def _generate(cap: Capture, checked: bool = False,
+              timings: dict[str, float] | None = None) -> Callable[[list, dict, dict], Any]:
     """The program as one Python function -- the one executor: a line per entry, buffers as local
     variables deleted after their last use (no loop, no dispatch on the entry kind, no argument
     lists built per call).  ``checked``: also shadow-check each kernel against the scalar
     reference (``POLYGRAD_VALIDATE``) and fire ``polygrad_op_executed`` /
-    ``polygrad_backward_finished`` as eager does.
+    ``polygrad_backward_finished`` as eager does.  ``timings``: add each entry's seconds to it
+    (:func:`profile_entries`).
 
     Faults: before a non-idempotent host call (the optimizer's step) any exception propagates and
     the caller re-runs the call eagerly; after it (a re-run would step twice) a failing forward
@@ -238,7 +263,16 @@ def _generate(cap: Capture, checked: bool = False) -> Callable[[list, dict, dict
         src.append(f"    {local} = {'vjp_tables' if fused else 'tables'}[{name!r}][{const(key)}]")
         if local in small:
             src.append(f"    {local}s = SMALL({local}, {small[local]})")
+    if timings is not None:
+        env["TIMES"] = timings
     for n, lines in enumerate(body):
+        if timings is not None and lines:
+            e = cap.program[n]
+            what = (e[2][0].value if e[0] in (KERNEL, FUSED)
+                    else getattr(e[2], "__qualname__", "") if e[0] == CALL else "")
+            label = f"{id(cap):x}:{n} {type(e).__name__} {what}: {lines[0]}"
+            timings.setdefault(label, 0.0)
+            lines = ["t_ = PERF()", *lines, f"TIMES[{const(label)}] += PERF() - t_"]
         src += [f"    {line}" for line in lines]
         if n in dies:
             src.append(f"    del {', '.join(f'b{s}' for s in sorted(dies[n]))}")
