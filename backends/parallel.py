@@ -15,13 +15,10 @@ and under load), which a block must outweigh several times.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable
 
 import numpy as np
 from scipy.sparse import _sparsetools
-
-from polygrad.runtime import sharing
 
 from polygrad.runtime.threads import block_positions, even_blocks, get_num_threads, row_blocks, run_blocks
 
@@ -107,7 +104,7 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
     A's rows j, starting from zero; Aᵀ's CSR rows list those j in the same order, and ``csr_matvecs``
     runs the same multiply-add per entry).  One thread: that serial kernel, no transpose built.
     More: Aᵀ's CSR (cached, 3 index arrays) in row blocks, each gathering its values through the
-    permutation (once per values array the user cannot write: :func:`_transposed_values`)."""
+    permutation into a temporary of its own nonzeros."""
     n, m = pattern.shape
     f = 1 if g.ndim == 1 else g.shape[1]
     nnz = int(cols.shape[0])
@@ -121,8 +118,10 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
             else:
                 _sparsetools.csc_matvecs(m, n, f, indptr, cols, vals, gs, out.reshape(-1))
         return
+    # the values are gathered into Aᵀ's order on every call: an array polygrad made may still be
+    # written in place (an optimizer's in-place update, Tensor.update_), so a gathered copy kept
+    # across calls could be stale (a kept copy was tried in round 5 and removed for this reason)
     t_indptr, t_cols, perm = transposed_csr(pattern, indptr, cols)
-    kept, t_vals = _transposed_values(pattern, vals)
 
     def block(r0: int, r1: int) -> None:
         o = out[r0:r1]
@@ -130,40 +129,13 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
         lo, hi = int(t_indptr[r0]), int(t_indptr[r1])
         if f and hi > lo:
             ptr = t_indptr[r0:r1 + 1] - t_indptr.dtype.type(lo)
-            if t_vals is None:
-                v = np.take(vals, perm[lo:hi])
-            elif kept:
-                v = t_vals[lo:hi]
-            else:
-                v = np.take(vals, perm[lo:hi], out=t_vals[lo:hi])
+            v = np.take(vals, perm[lo:hi])
             if g.ndim == 1:
                 _sparsetools.csr_matvec(r1 - r0, n, ptr, t_cols[lo:hi], v, gs, o)
             else:
                 _sparsetools.csr_matvecs(r1 - r0, n, f, ptr, t_cols[lo:hi], v, gs, o.reshape(-1))
 
     run_blocks(block, row_blocks(t_indptr, m, blocks_for(threads)), threads)
-    if t_vals is not None and not kept and f:  # every block filled its part: keep it for the next call
-        pattern.derived(_TRANSPOSED_VALUES_KEY, lambda p: {})["entry"] = (weakref.ref(vals), t_vals)
-
-
-#: where :func:`_transposed_values` keeps, per pattern, one values array in Aᵀ's order
-_TRANSPOSED_VALUES_KEY = "numpy.transposed_values"
-
-
-def _transposed_values(pattern, vals: np.ndarray) -> tuple[bool, np.ndarray | None]:
-    """``(True, vals in Aᵀ's CSR order)`` when the last call on ``pattern`` gathered them from this
-    very array; else ``(False, a buffer to gather them into)`` -- or ``(False, None)``: gather into
-    temporaries, keep nothing -- for an array whose memory the user may write (``pg.from_numpy``,
-    ``t.numpy()``: :mod:`polygrad.runtime.sharing`).  polygrad itself never writes into an array
-    it made, so an unshared array that is still alive holds what it held: a GCN's normalised
-    adjacency, the same every epoch, is gathered once (the gather is ~11% of the kernel's work at
-    1M nodes / 11M nonzeros, F=64), for one values array (4 bytes per nonzero in float32) per pattern."""
-    if sharing.is_shared(vals):
-        return False, None
-    entry = pattern.derived(_TRANSPOSED_VALUES_KEY, lambda p: {}).get("entry")
-    if entry is not None and entry[0]() is vals:
-        return True, entry[1]
-    return False, np.empty(vals.shape[0], dtype=vals.dtype)
 
 
 # -- row-blocked numpy kernels ---------------------------------------------------------------------
