@@ -122,13 +122,15 @@ class Tensor(TensorBase):
         if isinstance(new, Tensor):
             self.data = new
             return self
-        be = self._be
+        be, given = self._be, new
         if not be.owns(new):
             new = be.from_numpy(np.asarray(new, dtype=self.dtype))
         if be.shape(new) != self.shape:
             raise ShapeError(f"Tensor.update_: values of shape {be.shape(new)} for a tensor of shape {self.shape}")
         if be.dtype(new) != self.dtype:
             new = be.from_numpy(be.to_numpy(new).astype(self.dtype))
+        if new is given:  # kept without a copy: the caller can still write into it, as after pg.from_numpy
+            sharing.mark_shared(new)
         self._data = new
         return self
 

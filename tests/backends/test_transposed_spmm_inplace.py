@@ -85,3 +85,17 @@ def test_an_array_edited_between_calls_gives_the_serial_bits(force_parallel):
     for _ in range(3):
         np.testing.assert_array_equal(backward(2), backward(1))
         vals *= -1.5                                       # written in place, the same array object
+
+
+def test_update_keeps_the_callers_array_as_memory_the_caller_can_write():
+    """``Tensor.update_(array)`` keeps a numpy array without a copy, so caches derived from the
+    storage must treat it as writable from outside, as after ``pg.from_numpy``; a copy it made
+    (another dtype) is polygrad's own."""
+    from polygrad.runtime import sharing
+
+    t = pg.zeros(5, dtype=np.float64)
+    mine = np.arange(5.0)
+    t.update_(mine)
+    assert t._data is mine and sharing.is_shared(mine)
+    t.update_(np.arange(5, dtype=np.float32))                 # cast: a fresh array, not the caller's
+    assert not sharing.is_shared(t._data)
