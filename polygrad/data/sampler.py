@@ -281,12 +281,28 @@ def _splitmix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def edge_keys(key: int, hop: int, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+def edge_keys(key: int, hop: int, dst: np.ndarray, src: np.ndarray, copy: np.ndarray | None = None) -> np.ndarray:
     """Random uint64 key of each candidate edge ``src -> dst`` at ``hop`` of the batch ``key``:
     a node keeps the ``fanout`` candidates with the smallest keys (a uniform sample without
-    replacement).  A hash of its arguments, so independent of everything else sampled."""
+    replacement).  A hash of its arguments, so independent of everything else sampled.  ``copy``
+    numbers repeated edges (0 for the first ``src -> dst``, 1 for the next, ...): without it the
+    copies of an edge would share one key and be kept or dropped together."""
     base = _splitmix(np.array([key % 2**64], dtype=np.uint64) ^ np.uint64(hop))
-    return _splitmix(_splitmix(base ^ dst.astype(np.uint64)) ^ src.astype(np.uint64))
+    keys = _splitmix(_splitmix(base ^ dst.astype(np.uint64)) ^ src.astype(np.uint64))
+    if copy is not None:
+        again = copy > 0
+        if again.any():
+            keys[again] = _splitmix(keys[again] ^ copy[again].astype(np.uint64))
+    return keys
+
+
+def _copy_numbers(owner: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """For candidates listed row by row with each row's sources in increasing order (the CSR of
+    :func:`incoming_csr`), which copy of its ``(row, source)`` pair each one is: 0, 1, ..."""
+    index = np.arange(owner.shape[0], dtype=np.int64)
+    first = np.ones(owner.shape[0], dtype=bool)
+    first[1:] = (owner[1:] != owner[:-1]) | (src[1:] != src[:-1])
+    return index - np.maximum.accumulate(np.where(first, index, 0))
 
 
 def sample_rows(indptr: np.ndarray, sources: np.ndarray, rows: np.ndarray, ids: np.ndarray, fanout: int,
@@ -306,7 +322,8 @@ def sample_rows(indptr: np.ndarray, sources: np.ndarray, rows: np.ndarray, ids: 
     pos = np.arange(total, dtype=np.int64) - first[owner]               # rank within its row's list
     edge = start[owner] + pos
     if fanout >= 0 and (deg > fanout).any():
-        keys = edge_keys(key, hop, ids[owner], sources[edge])
+        src = sources[edge]
+        keys = edge_keys(key, hop, ids[owner], src, _copy_numbers(owner, src))
         order = np.lexsort((keys, owner))                                # by row, then random key
         rank = np.empty(total, dtype=np.int64)
         rank[order] = pos                                                # pos is 0.. within each row, in order

@@ -84,3 +84,26 @@ def test_keys_depend_on_every_argument():
     assert len(set(base.tolist())) == 3
     for other in (edge_keys(8, 0, dst, src), edge_keys(7, 1, dst, src)):
         assert not np.any(other == base)
+
+
+def test_repeated_edges_are_sampled_as_separate_candidates():
+    """Node 0's incoming edges 1, 1, 2, 3 (edge 1 -> 0 twice), fan-out 2: each of the 6 pairs of
+    the 4 candidates is drawn with probability 1/6, as without replacement from 4 distinct edges.
+    (Keyed by (dst, src) alone, the two copies shared a key and were drawn together about twice
+    as often: 0.34.)  Deterministic: a fixed seed."""
+    from polygrad.data.sampler import NeighborSampler
+
+    ei = np.array([[1, 1, 2, 3], [0, 0, 0, 0]])
+    sampler = NeighborSampler(ei, 4, [2], batch_size=1, input_nodes=np.array([0]), seed=0)
+    draws = 3000
+    counts: dict[tuple, int] = {}
+    for _ in range(draws):
+        batch = sampler.sample(np.array([0]))
+        pair = tuple(sorted(batch.n_id[batch.edge_index[0]].tolist()))
+        counts[pair] = counts.get(pair, 0) + 1
+    # pairs of candidates by source id: (1, 1) once, (1, 2) and (1, 3) twice each, (2, 3) once
+    want = {(1, 1): 1 / 6, (1, 2): 2 / 6, (1, 3): 2 / 6, (2, 3): 1 / 6}
+    assert set(counts) == set(want)
+    for pair, p in want.items():
+        sd = (p * (1 - p) / draws) ** 0.5
+        assert abs(counts[pair] / draws - p) < 5 * sd, (pair, counts[pair] / draws, p)
