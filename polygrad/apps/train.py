@@ -140,7 +140,21 @@ def _replaces_arrays(optimizer: Optimizer) -> bool:
     (the built-in ones), whose new values are written with ``Tensor.update_`` -- so references to the
     arrays from before a step are that step's undo (:class:`_StepUndo`)."""
     cls = type(optimizer)
-    return cls._update is Optimizer._update and cls._rule is not Optimizer._rule
+    return cls._update is Optimizer._update and cls._rule is not Optimizer._rule and _own_step_machinery(optimizer)
+
+
+#: the methods an optimizer step runs besides its update (``_update`` / ``_rule``), see
+#: polygrad.optim.optimizer.Optimizer.step
+_STEP_MACHINERY = ("step", "_apply_rule", "_update_together", "_advance_state", "_init_state", "_materialize")
+
+
+def _own_step_machinery(optimizer: Optimizer) -> bool:
+    """Whether everything ``optimizer.step()`` runs besides its update is polygrad's own code: a
+    subclass that overrides the rest (say ``_advance_state`` writing into a state array) may do
+    host work a pure replay would skip, so fit's pure mode then runs its step eagerly."""
+    cls = type(optimizer)
+    return all(getattr(getattr(cls, name), "__module__", "").startswith("polygrad.optim")
+               for name in _STEP_MACHINERY)
 
 
 class _StepUndo:
@@ -204,7 +218,9 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     ``loss_fn`` is not re-run on replay; the optimizer's step replays too: inside the same
     compiled call for optimizers defined by a pure update rule (the built-in ones), undone where
     the eager loop would not have stepped (a rollback) and for the snapshot, which is of the state
-    before the step; as a pure step of its own after the rollback decision for any other.  Either
+    before the step; as a pure step of its own after the rollback decision for any other whose
+    step machinery is polygrad's (a subclass overriding only ``_update`` or ``_rule``); eagerly for
+    a subclass that overrides the rest (``step``, ``_advance_state``, ...).  Either
     way the backward runs before the rollback decision, whose rolled-back epochs discard the
     gradients.
     ``History.compile_mode`` says which mode ran.
@@ -224,7 +240,9 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     # (one replay), undone where the eager loop would not have stepped; else a replay of its own
     inside = mode == "pure" and _replaces_arrays(optimizer)
     step = None if mode == "eager" else _compiled_step(model, optimizer, loss_fn, mode == "pure", inside)
-    update = _compiled_update(optimizer) if mode == "pure" and not inside else optimizer.step
+    # an optimizer whose step machinery is its author's own runs eagerly: its Python is not proven pure
+    pure_update = mode == "pure" and not inside and _own_step_machinery(optimizer)
+    update = _compiled_update(optimizer) if pure_update else optimizer.step
     undo: _StepUndo | None = None
     good: _Snapshot | None = None
     model.train()

@@ -35,6 +35,17 @@ class InPlaceSGD(optim.SGD):
         return x - lr * g
 
 
+class DampedAdam(optim.Adam):
+    """A user's Adam whose ``_advance_state`` writes into the state's arrays (its first moment
+    halved after each step): the update rule is still the built-in one, but the step writes into
+    arrays, so fit's pure mode must not take references as the step's undo."""
+
+    def _advance_state(self, state: dict) -> None:
+        super()._advance_state(state)
+        m = state["exp_avg"]
+        m *= 0.5  # in place (a numpy array or a Tensor's in-place op)
+
+
 def _optimizer(kind: str, model: nn.Module, lr: float, wd: float, groups: bool, schedule: bool) -> optim.Optimizer:
     params: Any = model.parameters()
     if groups:  # the first layer decays, the rest does not (the GCN recipe's groups)
@@ -47,6 +58,8 @@ def _optimizer(kind: str, model: nn.Module, lr: float, wd: float, groups: bool, 
         return optim.SGD(params, lr=lr, **kwargs)
     if kind == "inplace":
         return InPlaceSGD(params, lr=lr, **kwargs)
+    if kind == "damped":
+        return DampedAdam(params, lr=lr, **kwargs)
     if kind == "momentum":
         return optim.SGD(params, lr=lr, momentum=0.9, **kwargs)
     if kind == "adamw":
@@ -74,7 +87,7 @@ def _run(case: dict, compile: Any) -> tuple:
 cases = st.fixed_dictionaries({
     "seed": st.integers(0, 2**16),
     "dtype": st.sampled_from([np.float32, np.float64]),
-    "optimizer": st.sampled_from(["sgd", "momentum", "adam", "adamw", "inplace"]),
+    "optimizer": st.sampled_from(["sgd", "momentum", "adam", "adamw", "inplace", "damped"]),
     "lr": st.sampled_from([1e-3, 0.05, 0.5, 3.0]),  # the large ones diverge: rollbacks
     "wd": st.sampled_from([0.0, 5e-4]),
     "groups": st.booleans(),
