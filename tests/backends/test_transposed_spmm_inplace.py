@@ -1,9 +1,10 @@
 """The parallel SpMM backward (``backends/parallel.py``: ``transposed_spmm``) reads the values as
-they are at each call.  Round 5 briefly kept the values gathered into Aᵀ's order across calls,
-keyed by the array's identity; an optimizer that updates the sparse values in place (or
-``Tensor.update_`` with an array the user edits later) then got gradients from stale values at 2+
-threads.  These tests train with in-place updates and compare every gradient, bit for bit, with
-one thread and with scipy on the current values."""
+they are at each call.  It keeps the values it gathered into Aᵀ's order for the next call, reused
+only when the values hold the same bits (``_kept_transposed_values``).  A version keyed by the
+array's identity served stale values after an optimizer's in-place update of the sparse values (or
+``Tensor.update_`` with an array the user edits later) at 2+ threads.  These tests train with
+in-place updates and compare every gradient, bit for bit, with one thread and with scipy on the
+current values, and check that the kept values are used only for equal bits."""
 from __future__ import annotations
 
 import numpy as np
@@ -99,3 +100,53 @@ def test_update_keeps_the_callers_array_as_memory_the_caller_can_write():
     assert t._data is mine and sharing.is_shared(mine)
     t.update_(np.arange(5, dtype=np.float32))                 # cast: a fresh array, not the caller's
     assert not sharing.is_shared(t._data)
+
+
+def _pattern(seed: int, n: int, m: int, nnz: int) -> Pattern:
+    rng = np.random.default_rng(seed)
+    pattern, _, _ = Pattern.from_coo((n, m), rng.integers(0, n, nnz), rng.integers(0, m, nnz))
+    return pattern
+
+
+def _backward(pattern: Pattern, vals: np.ndarray, g: np.ndarray, threads: int) -> np.ndarray:
+    pg.set_num_threads(threads)
+    indptr, cols = nb.sparsetools_indices(pattern)
+    out = np.empty((pattern.shape[1], g.shape[1]), dtype=g.dtype)
+    parallel.transposed_spmm(pattern, indptr, cols, vals, g, out)
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 60), m=st.integers(1, 60), nnz=st.integers(1, 400),
+       threads=st.sampled_from([2, 3, 7]), dtype=st.sampled_from([np.float32, np.float64]))
+def test_every_call_gives_the_serial_bits_whatever_values_came_before(seed, n, m, nnz, threads, dtype,
+                                                                      force_parallel):
+    pattern = _pattern(seed, n, m, nnz)
+    rng = np.random.default_rng(seed + 1)
+    g = rng.standard_normal((n, 3)).astype(dtype)
+    first = rng.standard_normal(pattern.nnz).astype(dtype)
+    other = rng.standard_normal(pattern.nnz).astype(dtype)
+    signed = first.copy()
+    signed[0] = -0.0 if first[0] == 0 else -first[0]          # one value differs, a sign at least
+    widened = first.astype(np.float64 if dtype == np.float32 else np.float32)   # the same values, other dtype
+    for vals in (first, first.copy(), other, first, signed, widened):
+        got = _backward(pattern, vals, g.astype(vals.dtype), threads)
+        np.testing.assert_array_equal(got, _backward(pattern, vals, g.astype(vals.dtype), 1))
+
+
+def test_the_kept_values_serve_equal_bits_only(force_parallel):
+    pattern = _pattern(4, 50, 40, 500)
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal((50, 4))
+    vals = rng.standard_normal(pattern.nnz)
+    _backward(pattern, vals, g, 2)
+    kept = parallel._kept_transposed_values(pattern, vals.copy())      # another array, the same bits
+    assert kept is not None
+    perm = parallel.transposed_csr(pattern, *nb.sparsetools_indices(pattern))[2]
+    np.testing.assert_array_equal(kept, vals[perm])                   # the values in Aᵀ's order
+    edited = vals.copy()
+    edited[-1] = np.nextafter(edited[-1], np.inf)                     # one ulp
+    assert parallel._kept_transposed_values(pattern, edited) is None
+    zero = np.zeros(pattern.nnz)
+    _backward(pattern, zero, g, 2)
+    assert parallel._kept_transposed_values(pattern, -zero) is None   # -0.0 is other bits than +0.0
