@@ -131,6 +131,7 @@ def transposed_spmm(pattern, indptr: np.ndarray, cols: np.ndarray, vals: np.ndar
             if t_vals is not None:
                 v = t_vals[lo:hi]
             else:
+                assert fresh is not None
                 v = np.take(vals, perm[lo:hi], out=fresh[lo:hi])
             if g.ndim == 1:
                 _sparsetools.csr_matvec(r1 - r0, n, ptr, t_cols[lo:hi], v, gs, o)
