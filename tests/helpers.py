@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,6 +24,26 @@ def observed(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [observed(v) for v in x]
     return x
+
+
+@contextmanager
+def without_kernel(tables: dict, key: tuple, backend: str = "numpy"):
+    """``backend`` without the kernel ``key`` in ``tables`` (``registry.tables`` or
+    ``registry.vjp_tables``) for the duration: what a backend that leaves a fused op out runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(tables[backend], key)
+        yield
+
+
+def floats_with_specials(draw: Callable, shape: tuple, dtype: Any, special: Sequence[float]) -> np.ndarray:
+    """A hypothesis-drawn array of ``shape``: floats in [-10, 10], about one in four from ``special``
+    (signed zeros, infinities, NaN, extremes) -- the inputs the fused-op tests compare bit for bit."""
+    from hypothesis import strategies as st
+
+    n = int(np.prod(shape))
+    plain = st.floats(-10, 10, width=32)
+    values = draw(st.lists(st.one_of(plain, plain, plain, st.sampled_from(special)), min_size=n, max_size=n))
+    return np.array(values, dtype=dtype).reshape(shape)
 
 
 def assert_bitwise(a: Any, b: Any, where: str = "") -> None:

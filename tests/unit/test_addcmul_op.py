@@ -7,8 +7,6 @@ keeps PyG's gradients.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,16 +18,9 @@ from polygrad.ir.ops import FUSED, Op
 from polygrad.runtime.registry import registry
 from polygrad.tensor import addcmul
 from polygrad.testing import check_grads
+from tests.helpers import assert_bitwise, floats_with_specials, without_kernel
 
 KEY = (Op.ADDCMUL, "dense")
-
-
-@contextmanager
-def without(tables: dict, backend: str = "numpy"):
-    """``backend`` without its ADDCMUL kernel in ``tables`` for the duration."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delitem(tables[backend], KEY)
-        yield
 
 
 def run(arrays: tuple, needs: tuple, seed: np.ndarray):
@@ -40,19 +31,7 @@ def run(arrays: tuple, needs: tuple, seed: np.ndarray):
     return y.numpy(), [None if t.grad is None else t.grad.numpy() for t in ts], y._node.op
 
 
-def assert_bits(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}")), (a, b)
-
-
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e-30]
-
-
-def _array(draw, shape: tuple, dtype) -> np.ndarray:
-    n = int(np.prod(shape))
-    plain = st.floats(-10, 10, width=32)
-    values = draw(st.lists(st.one_of(plain, plain, plain, st.sampled_from(SPECIAL)), min_size=n, max_size=n))
-    return np.array(values, dtype=dtype).reshape(shape)
 
 
 @st.composite
@@ -62,11 +41,11 @@ def problems(draw):
     out = (n, m)
     smaller = st.sampled_from([(n, m), (m,), (1, m), (n, 1), (1,), ()])
     a_shape, b_shape = draw(st.sampled_from([(out, draw(smaller)), (draw(smaller), out)]))
-    arrays = (_array(draw, draw(smaller), dtype), _array(draw, a_shape, dtype), _array(draw, b_shape, dtype))
+    arrays = tuple(floats_with_specials(draw, shape, dtype, SPECIAL) for shape in (draw(smaller), a_shape, b_shape))
     needs = tuple(draw(st.lists(st.booleans(), min_size=3, max_size=3)))
     if not any(needs):
         needs = (True, True, True)
-    return arrays, needs, _array(draw, out, dtype)
+    return arrays, needs, floats_with_specials(draw, out, dtype, SPECIAL)
 
 
 @settings(max_examples=150, deadline=None)
@@ -76,18 +55,18 @@ def test_the_fused_op_gives_the_composites_bits(problem):
     with np.errstate(all="ignore"):
         out, grads, op = run(arrays, needs, seed)  # fused forward, fused backward
         assert op == Op.ADDCMUL
-        with without(registry.vjp_tables):  # fused forward, the rule's backward
+        with without_kernel(registry.vjp_tables, KEY):  # fused forward, the rule's backward
             r_out, r_grads, _ = run(arrays, needs, seed)
-        with without(registry.tables):  # the composite: MUL, ADD and their rules
+        with without_kernel(registry.tables, KEY):  # the composite: MUL, ADD and their rules
             c_out, c_grads, c_op = run(arrays, needs, seed)
     assert c_op == Op.ADD
     for got in (out, r_out):
-        assert_bits(got, c_out)
+        assert_bitwise(got, c_out)
     for got in (grads, r_grads):
         for g, want in zip(got, c_grads):
             assert (g is None) == (want is None)
             if g is not None:
-                assert_bits(g, want)
+                assert_bitwise(g, want)
 
 
 def test_the_composite_runs_where_the_op_would_differ():
@@ -118,10 +97,8 @@ def test_gin_conv_runs_addcmul_with_pygs_eps_gradient():
     np.testing.assert_allclose(conv.eps.grad.numpy(), [want], rtol=1e-5)
 
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against torch.addcmul")
-
-
 def test_matches_pytorch_addcmul_float64():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against torch.addcmul")
     rng = np.random.default_rng(2)
     arrays = [rng.normal(size=(3,)), rng.normal(size=(5, 3)), rng.normal(size=(1,))]
     seed = rng.normal(size=(5, 3))

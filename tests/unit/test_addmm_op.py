@@ -6,8 +6,6 @@ rule; gradients also agree with central differences (float64) and with PyTorch's
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,16 +17,9 @@ from polygrad.ir.ops import FUSED, Op
 from polygrad.runtime.registry import registry
 from polygrad.tensor import addmm
 from polygrad.testing import check_grads
+from tests.helpers import assert_bitwise, floats_with_specials, without_kernel
 
 KEY = (Op.ADDMM, "dense")
-
-
-@contextmanager
-def without(tables: dict, backend: str = "numpy"):
-    """``backend`` without its ADDMM kernel in ``tables`` for the duration."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delitem(tables[backend], KEY)
-        yield
 
 
 def run(arrays: tuple, needs: tuple, seed: np.ndarray):
@@ -39,19 +30,7 @@ def run(arrays: tuple, needs: tuple, seed: np.ndarray):
     return y.numpy(), [None if t.grad is None else t.grad.numpy() for t in ts], y._node.op
 
 
-def assert_bits(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}")), (a, b)
-
-
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e-30]
-
-
-def _matrix(draw, shape: tuple, dtype) -> np.ndarray:
-    n = int(np.prod(shape))
-    plain = st.floats(-10, 10, width=32)
-    values = draw(st.lists(st.one_of(plain, plain, plain, st.sampled_from(SPECIAL)), min_size=n, max_size=n))
-    return np.array(values, dtype=dtype).reshape(shape)
 
 
 @st.composite
@@ -59,11 +38,11 @@ def problems(draw):
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     n, k, m = draw(st.integers(0, 5)), draw(st.integers(0, 4)), draw(st.integers(1, 4))
     bias_shape = draw(st.sampled_from([(m,), (1, m), (n, m), (n, 1), ()]))
-    arrays = (_matrix(draw, bias_shape, dtype), _matrix(draw, (n, k), dtype), _matrix(draw, (k, m), dtype))
+    arrays = tuple(floats_with_specials(draw, shape, dtype, SPECIAL) for shape in (bias_shape, (n, k), (k, m)))
     needs = tuple(draw(st.lists(st.booleans(), min_size=3, max_size=3)))
     if not any(needs):
         needs = (True, True, True)
-    return arrays, needs, _matrix(draw, (n, m), dtype)
+    return arrays, needs, floats_with_specials(draw, (n, m), dtype, SPECIAL)
 
 
 @settings(max_examples=150, deadline=None)
@@ -73,18 +52,18 @@ def test_the_fused_op_gives_the_composites_bits(problem):
     with np.errstate(all="ignore"):
         out, grads, op = run(arrays, needs, seed)  # fused forward, fused backward
         assert op == Op.ADDMM
-        with without(registry.vjp_tables):  # fused forward, the rule's backward
+        with without_kernel(registry.vjp_tables, KEY):  # fused forward, the rule's backward
             r_out, r_grads, _ = run(arrays, needs, seed)
-        with without(registry.tables):  # the composite: MATMUL, ADD and their rules
+        with without_kernel(registry.tables, KEY):  # the composite: MATMUL, ADD and their rules
             c_out, c_grads, c_op = run(arrays, needs, seed)
     assert c_op == Op.ADD
     for got in (out, r_out):
-        assert_bits(got, c_out)
+        assert_bitwise(got, c_out)
     for got in (grads, r_grads):
         for g, want in zip(got, c_grads):
             assert (g is None) == (want is None)
             if g is not None:
-                assert_bits(g, want)
+                assert_bitwise(g, want)
 
 
 def test_linear_runs_addmm_and_keeps_its_forms():
@@ -94,7 +73,7 @@ def test_linear_runs_addmm_and_keeps_its_forms():
     assert nn.Linear(3, 2, bias=False)(x.requires_grad_())._node.op == Op.MATMUL
     batch = pg.tensor(np.ones((2, 4, 3), dtype=lin.weight.dtype))
     assert lin(batch).shape == (2, 4, 2) and lin(batch)._node.op == Op.ADD  # a batch: the composite
-    with without(registry.tables):
+    with without_kernel(registry.tables, KEY):
         assert lin(x)._node.op == Op.ADD
 
 
@@ -123,10 +102,8 @@ def test_bad_operands_are_named():
         addmm(pg.tensor(np.ones((4, 2))), a, pg.tensor(np.ones((2, 2))))
 
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against torch.addmm")
-
-
 def test_matches_pytorch_addmm_float64():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against torch.addmm")
     rng = np.random.default_rng(2)
     arrays = [rng.normal(size=(3,)), rng.normal(size=(5, 4)), rng.normal(size=(4, 3))]
     seed = rng.normal(size=(5, 3))

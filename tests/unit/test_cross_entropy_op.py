@@ -8,8 +8,6 @@ PyTorch where it is installed.
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,16 +17,9 @@ import polygrad as pg
 from polygrad.ir.ops import FUSED, Op
 from polygrad.runtime.registry import registry
 from polygrad.testing import check_grads
+from tests.helpers import assert_bitwise, without_kernel
 
 KEY = (Op.CROSS_ENTROPY, "dense")
-
-
-@contextmanager
-def without(tables: dict, backend: str = "numpy"):
-    """``backend`` without its CROSS_ENTROPY kernel in ``tables`` for the duration."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delitem(tables[backend], KEY)
-        yield
 
 
 def run(x: np.ndarray, target: np.ndarray, reduction: str, seed: np.ndarray | None):
@@ -39,12 +30,6 @@ def run(x: np.ndarray, target: np.ndarray, reduction: str, seed: np.ndarray | No
         loss = pg.cross_entropy(t, target, reduction=reduction)
         loss.backward(None if seed is None else pg.tensor(seed))
     return loss.numpy(), t.grad.numpy(), sorted(str(w.message) for w in caught), loss._node.op
-
-
-def assert_bits(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert np.array_equal(np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}"),
-                          np.ascontiguousarray(b).view(f"u{b.dtype.itemsize}")), (a, b)
 
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 88.7, -104.0, 1e-40]
@@ -75,15 +60,15 @@ def test_the_fused_op_gives_the_composites_bits(problem):
     x, target, reduction, seed = problem
     loss, dx, warned, op = run(x, target, reduction, seed)  # fused forward, fused backward
     assert op == Op.CROSS_ENTROPY
-    with without(registry.vjp_tables):  # fused forward, the rule's backward
+    with without_kernel(registry.vjp_tables, KEY):  # fused forward, the rule's backward
         r_loss, r_dx, r_warned, _ = run(x, target, reduction, seed)
-    with without(registry.tables):  # the composite: 16 ops forward, their rules backward
+    with without_kernel(registry.tables, KEY):  # the composite: 16 ops forward, their rules backward
         c_loss, c_dx, c_warned, c_op = run(x, target, reduction, seed)
     assert c_op != Op.CROSS_ENTROPY
     for got in (loss, r_loss):
-        assert_bits(got, c_loss)
+        assert_bitwise(got, c_loss)
     for got in (dx, r_dx):
-        assert_bits(got, c_dx)
+        assert_bitwise(got, c_dx)
     # the same floating-point warnings (the fused backward recomputes exp(shifted), so the forward's
     # overflow warning may come twice)
     assert set(warned) == set(r_warned) == set(c_warned)
@@ -122,7 +107,7 @@ def test_second_order_through_the_rule_matches_central_differences():
 def test_a_backend_without_the_kernel_runs_the_composite():
     assert Op.CROSS_ENTROPY in FUSED
     x, target = np.array([[1.0, 2.0], [0.5, -1.0]]), np.array([1, 0])
-    with without(registry.tables):
+    with without_kernel(registry.tables, KEY):
         *_, op = run(x, target, "mean", None)
     assert op == Op.MUL  # the composite's last step: sum * (1 / N)
 
@@ -176,11 +161,9 @@ def test_compile_follows_new_targets():
             assert compiled(target).item() == step(target).item()
 
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against F.cross_entropy")
-
-
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_matches_pytorch_float64(reduction):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: no comparison against F.cross_entropy")
     import torch.nn.functional as F
 
     rng = np.random.default_rng(3)
