@@ -231,13 +231,20 @@ class _Recorder:
                 self.program.append(SetState(SET_STATE, opt, key, name, slot))
                 cell[3] = now
 
-    # what dispatch, autodiff, the optimizer and dropout report
-    def kernel(self, op, layout: str, be, inputs: tuple, attrs: dict, result: Tensor) -> None:
+    def _recordable(self, be: Any) -> bool:
+        """Whether results computed by ``be`` can be recorded now: no earlier problem, pending work
+        settled, and a backend that supports replay (else the capture is refused, saying why)."""
         if self.problem is not None:
-            return
+            return False
         self._settle()
         if not getattr(be, "supports_replay", True):
             self.refuse(f"backend {be.name!r} does not support replay")
+            return False
+        return True
+
+    # what dispatch, autodiff, the optimizer and dropout report
+    def kernel(self, op, layout: str, be, inputs: tuple, attrs: dict, result: Tensor) -> None:
+        if not self._recordable(be):
             return
         key = kernel_key(op, layout)  # dispatch's rule: both layouts share the canonical storage
         ins = tuple(self._input(t) for t in inputs)
@@ -263,11 +270,7 @@ class _Recorder:
     def call(self, be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple], inputs: tuple,
              outs: tuple) -> None:
         """A :class:`Call` of ``fn`` on ``inputs`` (slots) that returned the arrays ``outs``."""
-        if self.problem is not None:
-            return
-        self._settle()
-        if not getattr(be, "supports_replay", True):
-            self.refuse(f"backend {be.name!r} does not support replay")
+        if not self._recordable(be):
             return
         slots = tuple(self._produce(a, be, tuple(be.shape(a)), be.dtype(a)) for a in outs)
         self.computed.update(id(a) for a in outs)
