@@ -132,6 +132,19 @@ def _readonly(*arrays: np.ndarray) -> None:
         a.flags.writeable = False
 
 
+def _may_alias_caller(ei: np.ndarray, graph: Any) -> bool:
+    """Whether ``ei`` (``edge_index_array(graph)``) may be memory the caller can still write: their
+    array, or a dense tensor's storage.  A tensor's storage is compared directly, never through
+    ``Tensor.__array__``, which would mark it shared and note a host read inside a capture; a
+    storage that is not a numpy array is assumed to alias (a copy, never a stale graph)."""
+    if isinstance(graph, Pattern) or is_sparse(graph):
+        return False
+    if isinstance(graph, Tensor):
+        held = graph._data
+        return not isinstance(held, np.ndarray) or np.may_share_memory(ei, held)
+    return bool(np.may_share_memory(ei, graph))
+
+
 class EdgeGraph:
     """One graph as the layers use it (host arrays, read-only, never mutated).
 
@@ -283,7 +296,7 @@ class GraphCache:
             dst, src = ei[i], ei[j]
             num_dst, num_src = full[i], full[j]
         if not self_loops:
-            if not isinstance(graph, Pattern) and not is_sparse(graph) and np.may_share_memory(ei, graph):
+            if _may_alias_caller(ei, graph):
                 dst, src = dst.copy(), src.copy()  # views of the caller's array: the graph keeps its own
             return EdgeGraph(dst, src, num_dst, num_src, n_given)
         # a bipartite graph gets loops on the nodes both sides have (PyG's GATConv: min(N, M))

@@ -184,3 +184,16 @@ def test_threads_running_models_on_different_graphs_keep_their_own_memo():
     for t in threads:
         t.join()
     assert not failures
+
+
+def test_a_tensor_graph_is_copied_without_exporting_its_storage():
+    """A dense tensor ``edge_index`` handed to the build is compared with its storage directly:
+    the built graph keeps its own copy, and the tensor is neither marked shared nor read on the
+    host (``Tensor.__array__`` would do both)."""
+    from polygrad.runtime import sharing
+
+    ei = pg.tensor(np.array([[0, 1, 2], [1, 2, 0]]))
+    built = graph_cache.GraphCache._build("test", ei, (3, 3), "source_to_target", self_loops=False)
+    assert not sharing.is_shared(ei._data)
+    ei._data[0, 0] = 2  # polygrad's own in-place write path
+    assert not np.shares_memory(built.src, ei._data) and built.src.tolist() == [0, 1, 2]
