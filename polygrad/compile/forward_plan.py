@@ -38,6 +38,7 @@ from ..ir.ops import Op, kernel_key
 from ..runtime import memory
 from ..tensor import Tensor
 from .executor import _small
+from .forward_fast import specialize
 
 _data = operator.attrgetter("_data")
 _make = Tensor._make
@@ -79,19 +80,26 @@ def input_state(t: Any) -> int:
 
 def _same_attrs(e: Entry, attrs: dict) -> bool:
     """``attrs`` equal the entry's, value by value and type by type."""
+    return attrs_equal(e.attrs, e.types, attrs)
+
+
+def attrs_equal(recorded: dict, types: tuple | None, attrs: dict) -> bool:
+    """``attrs`` equal ``recorded`` (whose :func:`attr_types` are ``types``), value by value and
+    type by type."""
     try:
-        if attrs != e.attrs:
+        if attrs != recorded:
             return False
     except Exception:  # noqa: BLE001 - an array attribute where the plan's is plain
         return False
-    return attr_types(attrs) == e.types
+    return attr_types(attrs) == types
 
 
 class Entry:
     """One op of a forward plan: what it was applied to and the decisions ``apply`` made for it."""
 
     __slots__ = ("op", "layout", "attrs", "types", "grad", "kernel", "key", "be", "shape", "dtype",
-                 "node", "keep", "slow", "refs", "recipes", "spec", "n", "be_name", "call", "bare", "stand")
+                 "node", "keep", "slow", "refs", "recipes", "spec", "n", "be_name", "call", "bare", "stand",
+                 "fast")
 
     def __init__(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
                  result: Any, scalar: Any, refs: tuple | None) -> None:
@@ -132,6 +140,8 @@ class Entry:
         # output the memory budget checks, a kernel that fell back
         self.slow = (self.types is None or kernel is None or scalar is not None
                      or memory.nbytes(self.shape, self.dtype) >= memory.CHECK_FLOOR)
+        #: run() for this entry as one generated function (forward_fast), or None: the generic one
+        self.fast = specialize(self, attrs_equal)
 
 
 class Cursor:
@@ -212,6 +222,9 @@ class Cursor:
         if pos >= len(plan):
             return self._leave(pos)
         e = plan[pos]
+        fast = e.fast
+        if fast is not None:  # the same comparisons and execution, generated for this entry
+            return fast(self, pos, op, inputs, attrs, layout)
         if e.op is not op or e.layout != layout or e.grad is not _grad_enabled.get() or e.n != len(inputs):
             return self._leave(pos)
         if e.slow:
