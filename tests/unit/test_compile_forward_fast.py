@@ -56,53 +56,62 @@ class _Counts:
 
 @contextlib.contextmanager
 def twin_paths() -> Iterator[_Counts]:
-    """Every op on a generated entry: run by it and by the generic matcher, compared (see above)."""
+    """Every entry specialized inside: its generated function wrapped so that each op it is asked
+    about also runs through the generic matcher, on a copy of the cursor, and the two compared."""
+    from polygrad.compile import forward_plan
+
+    specialize = forward_plan.specialize
     generic = Cursor.run
     counts = _Counts()
 
-    def both(self: Cursor, op: Op, inputs: tuple, attrs: dict, layout: str) -> Any:
-        pos = self.pos
-        if pos >= len(self.plan) or self.plan[pos].fast is None:
-            return generic(self, op, inputs, attrs, layout)
-        entry = self.plan[pos]
-        twin = Cursor(self.plan)
-        twin.pos, twin.fresh, twin.left_at, twin.token = self.pos, self.fresh, self.left_at, self.token
-        twin.ops, twin.leaves, twin.leaf_ids, twin.whole = self.ops, list(self.leaves), dict(self.leaf_ids), self.whole
-        fast, entry.fast = entry.fast, None
-        try:
-            slow_error: Exception | None = None
-            try:
-                slow = generic(twin, op, inputs, attrs, layout)
-            except Exception as exc:  # noqa: BLE001 - compared with the generated path's below
-                slow_error, slow = exc, None
-        finally:
-            entry.fast = fast
-        try:
-            got = generic(self, op, inputs, attrs, layout)  # through entry.fast
-        except Exception as exc:  # noqa: BLE001
-            assert slow_error is not None and type(exc) is type(slow_error) and str(exc) == str(slow_error)
-            raise
-        assert slow_error is None, f"only the generic matcher raised {slow_error!r}"
-        where = f"op {op} at entry {pos}"
-        assert (self.pos, self.left_at, self.ops, self.whole) == (twin.pos, twin.left_at, twin.ops, twin.whole), where
-        assert self.leaves == twin.leaves and self.leaf_ids == twin.leaf_ids, where
-        assert (self.fresh is None) == (twin.fresh is None), where
-        if self.fresh is not None:
-            assert len(self.fresh) == len(twin.fresh) and all(a is b for a, b in zip(self.fresh, twin.fresh)), where
-        assert (got is None) == (slow is None), where
-        if got is None:
-            counts.left += 1
-        else:
-            counts.matched += 1
-            _same_tensor(got, slow, where)
-            assert_bitwise(got.numpy(), slow.numpy(), where)
-        return got
+    def wrapped(entry: Any, same_attrs: Any) -> Any:
+        fast = specialize(entry, same_attrs)
+        if fast is None:
+            return None
 
-    Cursor.run = both  # type: ignore[method-assign]
+        def both(self: Cursor, pos: int, op: Op, inputs: tuple, attrs: dict, layout: str) -> Any:
+            twin = Cursor(self.plan)
+            twin.pos, twin.fresh, twin.left_at, twin.token = self.pos, self.fresh, self.left_at, self.token
+            twin.ops, twin.leaves, twin.leaf_ids = self.ops, list(self.leaves), dict(self.leaf_ids)
+            twin.whole = self.whole
+            mine, entry.fast = entry.fast, None
+            try:
+                slow_error: Exception | None = None
+                try:
+                    slow = generic(twin, op, inputs, attrs, layout)
+                except Exception as exc:  # noqa: BLE001 - compared with the generated path's below
+                    slow_error, slow = exc, None
+            finally:
+                entry.fast = mine
+            try:
+                got = fast(self, pos, op, inputs, attrs, layout)
+            except Exception as exc:  # noqa: BLE001
+                assert slow_error is not None and type(exc) is type(slow_error) and str(exc) == str(slow_error)
+                raise
+            assert slow_error is None, f"only the generic matcher raised {slow_error!r}"
+            where = f"op {op} at entry {pos}"
+            assert (self.pos, self.left_at, self.ops, self.whole) == (twin.pos, twin.left_at, twin.ops,
+                                                                      twin.whole), where
+            assert self.leaves == twin.leaves and self.leaf_ids == twin.leaf_ids, where
+            assert (self.fresh is None) == (twin.fresh is None), where
+            if self.fresh is not None:
+                assert len(self.fresh) == len(twin.fresh) and all(a is b for a, b in zip(self.fresh, twin.fresh)), where
+            assert (got is None) == (slow is None), where
+            if got is None:
+                counts.left += 1
+            else:
+                counts.matched += 1
+                _same_tensor(got, slow, where)
+                assert_bitwise(got.numpy(), slow.numpy(), where)
+            return got
+
+        return both
+
+    forward_plan.specialize = wrapped  # type: ignore[assignment]
     try:
         yield counts
     finally:
-        Cursor.run = generic  # type: ignore[method-assign]
+        forward_plan.specialize = specialize
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -127,9 +136,9 @@ def test_a_plain_step_runs_on_generated_entries() -> None:
         return loss.item()
 
     fn = pg.compile(step)
-    fn()
-    assert all(e.fast is not None for e in fn._forward_plan)
     with twin_paths() as counts:
+        fn()
+        assert all(e.fast is not None for e in fn._forward_plan)
         assert [fn() for _ in range(3)] == [step() for _ in range(3)]
     assert counts.matched == 3 * len(fn._forward_plan) and counts.left == 0
 
@@ -171,10 +180,10 @@ def test_leaving_and_faulting_entries_equal_the_generic_matcher(change: str) -> 
         for compiled in (False, True):
             step, (x, w) = _step_of(change)
             fn = pg.compile(step) if compiled else step
-            out = [fn(), fn()]
             # (a listener hears both paths under twin_paths: there the generated one alone, against eager)
             twins = compiled and change != "listener"
             with twin_paths() if twins else contextlib.nullcontext() as counts:
+                out = [fn(), fn()]
                 out.append(fn())
                 if change == "dtype":
                     out.append(fn(pg.tensor(x.numpy().astype(np.float32))))
@@ -243,12 +252,11 @@ def test_templates_are_shared_and_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(forward_fast, "_templates", {})
     monkeypatch.setattr(forward_fast, "MAX_TEMPLATES", 0)
     fn.clear()
-    fn()
-    assert all(e.fast is None for e in fn._forward_plan)
+    eager_step, _ = _step_of("plain")
     with twin_paths() as counts:
-        eager_step, _ = _step_of("plain")
-        assert_bitwise(fn(), eager_step(), "generic entries")
-    assert counts.matched == 0  # no generated entry ran
+        assert_bitwise([fn() for _ in range(3)], [eager_step() for _ in range(3)], "generic entries")
+    assert all(e.fast is None for e in fn._forward_plan)
+    assert counts.matched == 0 and fn.stats["forward_matched"] > 0  # matched, by the generic matcher
 
 
 def test_an_input_from_another_op_of_the_call_clears_whole_on_both_paths() -> None:
