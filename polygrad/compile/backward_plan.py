@@ -60,7 +60,7 @@ MAX_PLANS = 16
 
 class _Plan:
     __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run", "deep",
-                 "bind")
+                 "bind", "key")
 
     def __init__(self, attrs: list, bindings: list, constants: list, steps: list, deliveries: list,
                  freed: list, tables: tuple, shapes: dict):
@@ -77,6 +77,7 @@ class _Plan:
         self.tables = tables          # the fused-kernel tables the plan was recorded with
         self.run = _generate(self)    # (bound arrays, tables, vjp_tables) -> the delivered arrays
         self.bind = _binder(bindings)  # (order, nodes, leaves) -> the bound arrays, None: they differ
+        self.key: Any = None  # the key object the cache holds it under (set by BackwardPlans._record)
 
 
 def _structure(order: list) -> tuple[tuple, list, list, list]:
@@ -182,7 +183,8 @@ class BackwardPlans:
             candidates = list(self._plans.get(key, ()))
         for plan in candidates:
             if plan.tables == tables and _attrs_match(plan, attrs):
-                recipe = _recipe(key, plan, order, nodes, leaves) if entry is not None else None
+                # the recipe keeps the cache's own key object: its lookups then compare by identity
+                recipe = _recipe(plan.key, plan, order, nodes, leaves) if entry is not None else None
                 if self._run(plan, order, nodes, leaves):
                     self.stats["planned"] += 1
                     if recipe is not None and entry is not None:
@@ -225,9 +227,14 @@ class BackwardPlans:
         del held
         if plan is not None:
             with self._lock:
-                plans = self._plans.setdefault(key, [])
+                # re-inserted under this key object, which every plan of the list then holds (a
+                # recipe's lookup with it compares by identity, not the nested tuples)
+                plans = self._plans.pop(key, [])
+                self._plans[key] = plans
                 plans.append(plan)
                 del plans[:-2]  # two plans per structure at most (e.g. a grad set or not is in the key)
+                for kept in plans:
+                    kept.key = key
                 while len(self._plans) > MAX_PLANS:
                     self._plans.pop(next(iter(self._plans)))
             self.stats["recorded"] += 1

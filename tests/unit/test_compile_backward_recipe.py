@@ -98,3 +98,29 @@ def test_keys_hash_once_and_compare_by_structure() -> None:
     assert {a: 1}[b] == 1
     assert a != _Key((("mul", (2, 3)), (), "f8")) and a != a.parts
     assert backward_plan.MAX_PLANS > 0
+
+
+def test_recipes_hold_the_caches_key_object() -> None:
+    """A recipe finds its plan list with the very key object the cache holds (no deep compare of
+    the structure per backward pass), also after its structure was recorded again."""
+    rng = np.random.default_rng(6)
+    x = pg.tensor(rng.normal(size=(4, 3)))
+    w = pg.tensor(rng.normal(size=(3, 2)), requires_grad=True)
+
+    def step() -> float:
+        w.grad = None
+        loss = (x @ w).relu().sum()
+        loss.backward()
+        return loss.item()
+
+    fn = pg.compile(step)
+    for _ in range(4):
+        fn()
+    (plans,) = fn.plans._plans.values()
+    plans.clear()  # as when a plan is dropped after a failing kernel: the structure records again
+    for _ in range(4):
+        fn()
+    recipes = [r for e in fn._forward_plan for r in e.recipes]
+    assert recipes and fn.plans.stats["shortcut"] >= 2
+    assert all(any(k is r.key for k in fn.plans._plans) for r in recipes[:1])
+    assert all(p.key is k for k, ps in fn.plans._plans.items() for p in ps)
