@@ -11,8 +11,10 @@ the registry's -- with the entry's values as closure constants and the checks fo
 input states written out, then runs the kernel, checks its output against the entry's inference,
 takes the same fallback on a fault, and builds the result tensor, its graph node and the node's
 data-less stand-ins inline (what ``Tensor._make``, ``graph.stand_in`` and ``Node.__init__`` do).
-Whatever differs leaves the plan exactly as the generic matcher does (``Cursor._leave``), so the
-two are interchangeable; ``tests/unit/test_compile_forward_fast.py`` runs them side by side.
+At the first difference the op is handed to the generic matcher (``Cursor.generic``), so leaving
+the plan -- and the leaves it numbers on the way -- is the generic matcher's by construction; a
+match is the generated function's, and ``tests/unit/test_compile_forward_fast.py`` runs every op
+through both and compares them.
 
 One source per *template* (input count, each input's state and where it came from, whether there
 are attributes, a node, which inputs are stand-ins) is compiled once and cached; an entry gets its
@@ -52,9 +54,11 @@ _STATE_DIFFERS = {
 def specialize(entry: Any, same_attrs: Callable[[dict, Any, dict], bool]) -> Callable | None:
     """``entry``'s generated matcher-and-executor, or None (it stays with the generic one):
     ``fast(cursor, pos, op, inputs, attrs, layout)`` returns the op's result when the op equals
-    the entry, else leaves the plan at ``pos`` and returns None.  ``same_attrs(recorded, types,
-    attrs)`` compares attributes as the generic matcher does.  The function holds the entry's
-    values, not the entry (no reference cycle: a dropped plan is freed at once)."""
+    the entry; at the first difference it hands the op to the generic matcher
+    (``Cursor.generic``), whose decision and side effects on leaving are then exactly its own.
+    ``same_attrs(recorded, types, attrs)`` compares attributes as the generic matcher does.  The
+    function holds the entry's values, not the entry (no reference cycle: a dropped plan is freed
+    at once)."""
     n = entry.n
     if entry.slow or n == 0 or n > MAX_INPUTS:
         return None
@@ -83,9 +87,9 @@ def _factory(n: int, states: tuple, no_refs: bool, kinds: tuple, bare: bool, nod
     src = [f"def factory({', '.join(names)}):",
            "    def fast(cur, pos, op, inputs, attrs, layout):",
            f"        if op is not OP or layout != LAYOUT or _grad_get() is not GRAD or len(inputs) != {n}:",
-           "            return cur._leave(pos)",
+           "            return cur.generic(pos, op, inputs, attrs, layout)",
            "        if attrs is not ATTRS and not SAME_ATTRS(ATTRS, TYPES, attrs):",
-           "            return cur._leave(pos)",
+           "            return cur.generic(pos, op, inputs, attrs, layout)",
            f"        {', '.join(ts)}{',' if n == 1 else ''} = inputs"]
     differs = []
     for j in range(n):
@@ -93,9 +97,9 @@ def _factory(n: int, states: tuple, no_refs: bool, kinds: tuple, bare: bool, nod
         differs.append(f"t{j}.shape != S{j} or (t{j}.dtype is not D{j} and t{j}.dtype != D{j}) or t{j}._be is not B{j}"
                        f" or t{j}.requires_grad != RG{j} or {_STATE_DIFFERS[states[j]].format(j=j)}")
     src.append(f"        if ({' or '.join(f'({d})' for d in differs)}):")
-    src.append("            return cur._leave(pos)")
+    src.append("            return cur.generic(pos, op, inputs, attrs, layout)")
     src.append("        if _tables.get(BE_NAME, EMPTY).get(KEY) is not KERNEL:  # the registry's kernel changed")
-    src.append("            return cur._leave(pos)")
+    src.append("            return cur.generic(pos, op, inputs, attrs, layout)")
     if no_refs:
         src.append("        cur.whole = False")
     elif any(k is not None for k in kinds):  # where each input that requires grad came from

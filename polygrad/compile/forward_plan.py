@@ -225,6 +225,14 @@ class Cursor:
         fast = e.fast
         if fast is not None:  # the same comparisons and execution, generated for this entry
             return fast(self, pos, op, inputs, attrs, layout)
+        return self.generic(pos, op, inputs, attrs, layout)
+
+    def generic(self, pos: int, op: Op, inputs: tuple, attrs: dict, layout: str) -> Any:
+        """:meth:`run` for the entry at ``pos`` (< len(plan)) by the generic matcher: for entries
+        without a generated function, and for those whose generated function found a difference
+        (the decision to leave, and its side effects -- the leaves numbered on the way -- are then
+        this matcher's)."""
+        e = self.plan[pos]
         if e.op is not op or e.layout != layout or e.grad is not _grad_enabled.get() or e.n != len(inputs):
             return self._leave(pos)
         if e.slow:

@@ -141,6 +141,16 @@ def test_a_plain_step_runs_on_generated_entries() -> None:
         assert all(e.fast is not None for e in fn._forward_plan)
         assert [fn() for _ in range(3)] == [step() for _ in range(3)]
     assert counts.matched == 3 * len(fn._forward_plan) and counts.left == 0
+    generic_calls = []
+    original = Cursor.generic
+    fn = pg.compile(step)  # (entries specialized under twin_paths call the generic matcher too)
+    fn()
+    Cursor.generic = lambda self, *a: generic_calls.append(a) or original(self, *a)  # type: ignore[method-assign]
+    try:
+        assert [fn() for _ in range(2)] == [step() for _ in range(2)]
+    finally:
+        Cursor.generic = original  # type: ignore[method-assign]
+    assert generic_calls == []  # a steady step's every op matched by its generated function alone
 
 
 def _step_of(kind: str) -> tuple[Any, list]:
@@ -280,3 +290,31 @@ def test_an_input_from_another_op_of_the_call_clears_whole_on_both_paths() -> No
         got = [fn(s) for s in pattern]
     assert_bitwise(got, [step(s) for s in pattern], "swapped origins")
     assert counts.matched > 0 and counts.left == 0
+
+
+def test_an_op_that_leaves_then_raises_numbers_leaves_as_the_generic_matcher() -> None:
+    """A leaf first, then an operand of another shape: the op leaves the plan (after the generic
+    matcher numbered the leaf) and its inference raises; the step catches the error and goes on.
+    Both paths number the leaves alike, and the numbers are eager's."""
+    rng = np.random.default_rng(7)
+    w = pg.tensor(rng.normal(size=(3, 3)), requires_grad=True)
+    ok, bad = pg.tensor(rng.normal(size=(3, 3))), pg.tensor(rng.normal(size=(2, 5)))
+
+    def step(other: Any) -> list:
+        w.grad = None
+        out: list = []
+        try:
+            h = w * other
+        except pg.errors.PolygradError as exc:
+            out.append(type(exc).__name__)
+            h = w * 2.0
+        loss = (h @ w).sum()
+        loss.backward()
+        return out + [loss.numpy(), w.grad.numpy()]
+
+    fn = pg.compile(step)
+    pattern = [ok, ok, bad, ok, bad, bad, ok, ok]
+    with twin_paths() as counts:
+        got = [fn(o) for o in pattern]
+    assert_bitwise(got, [step(o) for o in pattern], "leave, raise, go on")
+    assert counts.left > 0 and counts.matched > 0
