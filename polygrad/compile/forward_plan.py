@@ -18,6 +18,11 @@ later call's ops are matched against it:
 * the first op that differs leaves the plan for the rest of the call: it and every later op run
   through the full eager ``apply`` and are recorded, and the plan becomes what this call issued.
 
+Each entry's match-and-run is also generated as one Python function with the entry's values as
+constants (:mod:`polygrad.compile.forward_fast`): the same comparisons and execution without the
+generic loop; ``apply`` calls it directly, and it hands any op that differs to the generic matcher
+(:meth:`Cursor.generic`).
+
 The kernels, their arguments and their order are eager's by construction, so the numbers are
 eager's bit for bit.  Ops issued while a pass is being captured (``_recording`` set: pure mode, or a
 backward plan being recorded) are neither matched nor recorded.
