@@ -60,7 +60,7 @@ MAX_PLANS = 16
 
 class _Plan:
     __slots__ = ("attrs", "bindings", "constants", "steps", "deliveries", "freed", "tables", "shapes", "run", "deep",
-                 "bind")
+                 "bind", "key")
 
     def __init__(self, attrs: list, bindings: list, constants: list, steps: list, deliveries: list,
                  freed: list, tables: tuple, shapes: dict):
@@ -77,6 +77,7 @@ class _Plan:
         self.tables = tables          # the fused-kernel tables the plan was recorded with
         self.run = _generate(self)    # (bound arrays, tables, vjp_tables) -> the delivered arrays
         self.bind = _binder(bindings)  # (order, nodes, leaves) -> the bound arrays, None: they differ
+        self.key: Any = None  # the key object the cache holds it under (set by BackwardPlans._record)
 
 
 def _structure(order: list) -> tuple[tuple, list, list, list]:
@@ -149,7 +150,7 @@ class BackwardPlans:
     """The backward plans of one compiled function (thread-safe: one lock around the cache)."""
 
     def __init__(self) -> None:
-        self._plans: dict[tuple, list[_Plan]] = {}
+        self._plans: dict[_Key, list[_Plan]] = {}
         self._lock = threading.Lock()
         self.stats = {"planned": 0, "recorded": 0, "eager": 0, "shortcut": 0}
 
@@ -172,17 +173,18 @@ class BackwardPlans:
                         self.stats["shortcut"] += 1
                         return
         order = toposort([root])
-        key, attrs, nodes, leaves = _structure(order)
-        if not key:
+        structure, attrs, nodes, leaves = _structure(order)
+        if not structure:
             self.stats["eager"] += 1
             eager()
             return
-        key = (key, root.shape, root.dtype)
+        key = _Key((structure, root.shape, root.dtype))
         with self._lock:
             candidates = list(self._plans.get(key, ()))
         for plan in candidates:
             if plan.tables == tables and _attrs_match(plan, attrs):
-                recipe = _recipe(key, plan, order, nodes, leaves) if entry is not None else None
+                # the recipe keeps the cache's own key object: its lookups then compare by identity
+                recipe = _recipe(plan.key, plan, order, nodes, leaves) if entry is not None else None
                 if self._run(plan, order, nodes, leaves):
                     self.stats["planned"] += 1
                     if recipe is not None and entry is not None:
@@ -196,7 +198,7 @@ class BackwardPlans:
                 break
         self._record(key, order, attrs, nodes, leaves, tables, eager)
 
-    def _record(self, key: tuple, order: list, attrs: list, nodes: list, leaves: list, tables: tuple,
+    def _record(self, key: "_Key", order: list, attrs: list, nodes: list, leaves: list, tables: tuple,
                 eager: Callable[[], None]) -> None:
         where: dict[int, list] = {}  # id(array) -> the positions in the graph that hold it
         for i, t in enumerate(order):
@@ -225,9 +227,14 @@ class BackwardPlans:
         del held
         if plan is not None:
             with self._lock:
-                plans = self._plans.setdefault(key, [])
+                # re-inserted under this key object, which every plan of the list then holds (a
+                # recipe's lookup with it compares by identity, not the nested tuples)
+                plans = self._plans.pop(key, [])
+                self._plans[key] = plans
                 plans.append(plan)
                 del plans[:-2]  # two plans per structure at most (e.g. a grad set or not is in the key)
+                for kept in plans:
+                    kept.key = key
                 while len(self._plans) > MAX_PLANS:
                     self._plans.pop(next(iter(self._plans)))
             self.stats["recorded"] += 1
@@ -268,21 +275,37 @@ class Recipe:
     (``forward_plan.Cursor.whole``) is ordered, without ``toposort`` and the structure key: each
     tensor of the order as the input slot ``(c, j)`` of a later node (the root last), each leaf
     likewise, and what the structure key read that the forward plan does not fix -- which inputs
-    require grad now, which leaves have a ``.grad`` -- to be checked again."""
+    require grad now, which leaves have a ``.grad`` -- to be checked again.
 
-    __slots__ = ("key", "plan", "slots", "leaf_slots", "rgs", "grads")
+    A recipe used a second time gets its walk as one generated function (:func:`_materializer`:
+    the same reads and checks, unrolled, with the recorded values as constants); the first use
+    walks generically, so a graph seen once costs no code generation."""
 
-    def __init__(self, key: tuple, plan: _Plan, slots: list, leaf_slots: list, rgs: list, grads: tuple):
+    __slots__ = ("key", "plan", "slots", "leaf_slots", "rgs", "grads", "uses", "fast")
+
+    def __init__(self, key: Any, plan: _Plan, slots: list, leaf_slots: list, rgs: list, grads: tuple):
         self.key = key
         self.plan = plan
         self.slots = slots
         self.leaf_slots = leaf_slots
         self.rgs = rgs
         self.grads = grads
+        self.uses = 0
+        self.fast: Callable[[Tensor], tuple[list, list, list] | None] | None = None
 
     def materialize(self, root: Tensor) -> tuple[list, list, list] | None:
         """(order, nodes, leaves) of ``root``'s graph as ``_structure`` would give them, or None when
         the graph differs from the recorded one in what the forward plan did not fix."""
+        fast = self.fast
+        if fast is None:
+            self.uses += 1
+            if self.uses < 2:
+                return self.walk(root)
+            fast = self.fast = _materializer(self)
+        return fast(root)
+
+    def walk(self, root: Tensor) -> tuple[list, list, list] | None:
+        """:meth:`materialize`, generically (what the generated function does, as a loop)."""
         n = len(self.slots) + 1
         order: list = [None] * n
         nodes: list = [None] * n
@@ -307,6 +330,68 @@ class Recipe:
         return order, nodes, leaves
 
 
+def _materializer(recipe: Recipe) -> Callable[[Tensor], tuple[list, list, list] | None]:
+    """:meth:`Recipe.walk` unrolled for ``recipe``: each tensor read from its slot, each node checked
+    (there, not freed, not fallen back, its inputs' ``requires_grad`` as recorded), each leaf's
+    ``.grad`` compared with what was recorded (None, or its type, shape, dtype and backend name)."""
+    env: dict[str, Any] = {}
+
+    def const(value: Any) -> str:
+        if type(value) is bool or value is None:
+            return repr(value)
+        name = f"C{len(env)}"
+        env[name] = value
+        return name
+
+    last = len(recipe.slots)
+    src = ["def materialize(root):", f"    t{last} = root"]
+
+    def node_lines(i: int) -> list[str]:
+        rgs = recipe.rgs[i]
+        checks = [f"i{i} is None", f"n{i}.scalar is not None", f"len(i{i}) != {len(rgs)}"]
+        checks += [f"i{i}[{k}].requires_grad != {const(flag)}" for k, flag in enumerate(rgs)]
+        return [f"    n{i} = t{i}._node", f"    if n{i} is None: return None", f"    i{i} = n{i}.inputs",
+                f"    if {' or '.join(checks)}: return None"]
+
+    src += node_lines(last)
+    for i in range(last - 1, -1, -1):
+        c, j = recipe.slots[i]
+        src.append(f"    t{i} = i{c}[{j}]")
+        src += node_lines(i)
+    for k, (c, j) in enumerate(recipe.leaf_slots):
+        src.append(f"    l{k} = i{c}[{j}]")
+        want = recipe.grads[k]
+        if want is None:
+            src.append(f"    if l{k}.grad is not None: return None")
+        else:
+            kind, shape, dtype, be = want
+            src += [f"    g = l{k}.grad",
+                    f"    if g is None or type(g) != {const(kind)} or g.shape != {const(shape)} or g.dtype != "
+                    f"{const(dtype)} or g._be.name != {const(be)}: return None"]
+    listed = ", ".join(f"t{i}" for i in range(last + 1))
+    src.append(f"    return [{listed}], [{', '.join(f'n{i}' for i in range(last + 1))}], "
+               f"[{', '.join(f'l{k}' for k in range(len(recipe.leaf_slots)))}]")
+    exec(builtins.compile("\n".join(src), "<pg.compile backward recipe>", "exec"), env)
+    return env["materialize"]
+
+
+class _Key:
+    """A structure key with its hash computed once: a recipe finds its plan list with it every
+    backward pass, and hashing the nested tuple again would cost microseconds each time."""
+
+    __slots__ = ("parts", "hash")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self.hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Key and self.hash == other.hash and self.parts == other.parts)
+
+
 _requires_grad = operator.attrgetter("requires_grad")
 
 
@@ -318,7 +403,7 @@ def _grads(leaves: list) -> tuple:
     return tuple([None if (g := leaf.grad) is None else (type(g), g.shape, g.dtype, g._be.name) for leaf in leaves])
 
 
-def _recipe(key: tuple, plan: _Plan, order: list, nodes: list, leaves: list) -> Recipe | None:
+def _recipe(key: "_Key", plan: _Plan, order: list, nodes: list, leaves: list) -> Recipe | None:
     """The recipe of a graph ``_structure`` ordered (before a plan frees it), or None."""
     last = len(order) - 1
     position = {id(t): i for i, t in enumerate(order)}

@@ -18,6 +18,11 @@ later call's ops are matched against it:
 * the first op that differs leaves the plan for the rest of the call: it and every later op run
   through the full eager ``apply`` and are recorded, and the plan becomes what this call issued.
 
+Each entry's match-and-run is also generated as one Python function with the entry's values as
+constants (:mod:`polygrad.compile.forward_fast`): the same comparisons and execution without the
+generic loop; ``apply`` calls it directly, and it hands any op that differs to the generic matcher
+(:meth:`Cursor.generic`).
+
 The kernels, their arguments and their order are eager's by construction, so the numbers are
 eager's bit for bit.  Ops issued while a pass is being captured (``_recording`` set: pure mode, or a
 backward plan being recorded) are neither matched nor recorded.
@@ -38,6 +43,7 @@ from ..ir.ops import Op, kernel_key
 from ..runtime import memory
 from ..tensor import Tensor
 from .executor import _small
+from .forward_fast import specialize
 
 _data = operator.attrgetter("_data")
 _make = Tensor._make
@@ -79,19 +85,26 @@ def input_state(t: Any) -> int:
 
 def _same_attrs(e: Entry, attrs: dict) -> bool:
     """``attrs`` equal the entry's, value by value and type by type."""
+    return attrs_equal(e.attrs, e.types, attrs)
+
+
+def attrs_equal(recorded: dict, types: tuple | None, attrs: dict) -> bool:
+    """``attrs`` equal ``recorded`` (whose :func:`attr_types` are ``types``), value by value and
+    type by type."""
     try:
-        if attrs != e.attrs:
+        if attrs != recorded:
             return False
     except Exception:  # noqa: BLE001 - an array attribute where the plan's is plain
         return False
-    return attr_types(attrs) == e.types
+    return attr_types(attrs) == types
 
 
 class Entry:
     """One op of a forward plan: what it was applied to and the decisions ``apply`` made for it."""
 
     __slots__ = ("op", "layout", "attrs", "types", "grad", "kernel", "key", "be", "shape", "dtype",
-                 "node", "keep", "slow", "refs", "recipes", "spec", "n", "be_name", "call", "bare", "stand")
+                 "node", "keep", "slow", "refs", "recipes", "spec", "n", "be_name", "call", "bare", "stand",
+                 "fast")
 
     def __init__(self, op: Op, layout: str, attrs: dict, inputs: tuple, grad: bool, kernel: Any,
                  result: Any, scalar: Any, refs: tuple | None) -> None:
@@ -132,6 +145,8 @@ class Entry:
         # output the memory budget checks, a kernel that fell back
         self.slow = (self.types is None or kernel is None or scalar is not None
                      or memory.nbytes(self.shape, self.dtype) >= memory.CHECK_FLOOR)
+        #: run() for this entry as one generated function (forward_fast), or None: the generic one
+        self.fast = specialize(self, attrs_equal)
 
 
 class Cursor:
@@ -212,6 +227,17 @@ class Cursor:
         if pos >= len(plan):
             return self._leave(pos)
         e = plan[pos]
+        fast = e.fast
+        if fast is not None:  # the same comparisons and execution, generated for this entry
+            return fast(self, pos, op, inputs, attrs, layout)
+        return self.generic(pos, op, inputs, attrs, layout)
+
+    def generic(self, pos: int, op: Op, inputs: tuple, attrs: dict, layout: str) -> Any:
+        """:meth:`run` for the entry at ``pos`` (< len(plan)) by the generic matcher: for entries
+        without a generated function, and for those whose generated function found a difference
+        (the decision to leave, and its side effects -- the leaves numbered on the way -- are then
+        this matcher's)."""
+        e = self.plan[pos]
         if e.op is not op or e.layout != layout or e.grad is not _grad_enabled.get() or e.n != len(inputs):
             return self._leave(pos)
         if e.slow:

@@ -156,10 +156,15 @@ def apply(op: Op, inputs: tuple, attrs: dict = EMPTY, layout: str = "dense"):
     if cursor is not None:
         if _recording.get() is not None or config.validate:
             cursor = None  # a pass being captured: its ops are not part of the call's plan
-        elif cursor.pos >= 0 and (len(inputs) == 1 or (len(inputs) == 2 and inputs[0].dtype is inputs[1].dtype)):
+        elif ((pos := cursor.pos) >= 0
+              and (len(inputs) == 1 or (len(inputs) == 2 and inputs[0].dtype is inputs[1].dtype))):
             # operands no promotion applies to (the mixed-backend check is the plan's: an entry's
             # inputs all lived on one backend): ask the plan first, before anything else is computed
-            result = cursor.run(op, inputs, attrs, layout)
+            # -- the entry's generated matcher directly where it has one (what Cursor.run calls)
+            plan = cursor.plan
+            fast = plan[pos].fast if pos < len(plan) else None
+            result = (cursor.run(op, inputs, attrs, layout) if fast is None
+                      else fast(cursor, pos, op, inputs, attrs, layout))
             if result is not None:
                 return result
             planned = True

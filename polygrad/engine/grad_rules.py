@@ -259,6 +259,16 @@ def matmul_grads(g: Any, a: Any, b: Any, needs: tuple, reshape: Callable, mm: Ca
     Written once over three primitives -- ``reshape(x, shape)``, ``mm(x, y)``, ``permute(x, perm)``
     -- so the rule (polygrad ops) and a backend's fused backward (its raw kernels, e.g.
     ``backends/matmul_vjp.py``) make the same calls on the same arrays, and agree bit for bit."""
+    if a.ndim == 2 and b.ndim == 2:  # the common case: the calls _matmul_grads_any makes for it
+        na, nb = needs
+        perm = (1, 0)
+        return (mm(g, permute(b, perm)) if na else None), (mm(permute(a, perm), g) if nb else None)
+    return _matmul_grads_any(g, a, b, needs, reshape, mm, permute)
+
+
+def _matmul_grads_any(g: Any, a: Any, b: Any, needs: tuple, reshape: Callable, mm: Callable,
+                      permute: Callable) -> tuple:
+    """:func:`matmul_grads` for operands of any rank (vectors, batches)."""
     na, nb = needs
 
     def reshaped(x: Any, shape: tuple) -> Any:

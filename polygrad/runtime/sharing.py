@@ -38,7 +38,8 @@ def mark_shared(array: Any) -> None:
     root = _root(array)
     with _lock:
         try:
-            _shared[id(root)] = root
+            if _shared.get(id(root)) is not root:  # already marked (views of one buffer): no new weakref
+                _shared[id(root)] = root
         except TypeError:  # no weakref support: such arrays (the scalar backend's) are never
             pass           # handed out by reference, only copied
 

@@ -26,7 +26,7 @@ from .elementwise import _compare, _constant, abs, add, clip, div, maximum, mini
 from .creation import _filled, _rebuild_tensor
 from .args import _floating, _shape_arg
 from .sparse_routing import _sparse
-from .reductions import _mean, _sum, argmax, argmin, log_softmax, logsumexp, max, min, softmax
+from .reductions import _mean, _reduce_attrs, _sum, argmax, argmin, log_softmax, logsumexp, max, min, softmax
 from .movement import expand, flatten, permute, reshape, squeeze, transpose, unsqueeze
 from .indexing import getitem, index_put, masked_fill, nonzero
 from .linalg import _dense_matmul, matmul
@@ -340,7 +340,11 @@ class Tensor(TensorBase):
     def clip(self, lo=None, hi=None): return clip(self, lo, hi)
 
     # -- reductions -----------------------------------------------------------------------------
-    def sum(self, axis=None, keepdims: builtins.bool = False): return _sum(self, axis, keepdims)
+    def sum(self, axis=None, keepdims: builtins.bool = False):
+        if axis is None and type(self) is Tensor and type(keepdims) is builtins.bool:  # reductions.sum's dense case
+            return apply(_SUM, (self,), _reduce_attrs(_SUM, None, len(self.shape), keepdims))
+        return _sum(self, axis, keepdims)
+
     def mean(self, axis=None, keepdims: builtins.bool = False): return _mean(self, axis, keepdims)
     def max(self, axis=None, keepdims: builtins.bool = False): return max(self, axis, keepdims)
     def min(self, axis=None, keepdims: builtins.bool = False): return min(self, axis, keepdims)
@@ -439,6 +443,7 @@ def _foreign(x: Any) -> builtins.bool:
     return not isinstance(x, (TensorBase, int, float, builtins.bool, np.ndarray, np.generic, list, tuple))
 
 
+_SUM = Op.SUM
 _NUMBER = frozenset({int, float})  # the Python numbers a floating tensor takes as constants of its dtype
 _ADD, _MUL, _NEG, _RELU = Op.ADD, Op.MUL, Op.NEG, Op.RELU  # (an Enum member lookup is not free)
 TensorBase._new = staticmethod(Tensor._make)  # how the lower layers, and this package's functions, make tensors
