@@ -318,3 +318,19 @@ def test_an_op_that_leaves_then_raises_numbers_leaves_as_the_generic_matcher() -
         got = [fn(o) for o in pattern]
     assert_bitwise(got, [step(o) for o in pattern], "leave, raise, go on")
     assert counts.left > 0 and counts.matched > 0
+
+
+def test_the_inlined_constructors_cover_every_slot():
+    """forward_fast builds result tensors, stand-ins and graph nodes inline (what ``Tensor._make``,
+    ``graph.stand_in`` and ``Node.__init__`` do): a slot added to either class must be set there
+    too, so this fails until the generated source is updated with it."""
+    import inspect
+
+    from polygrad.engine.graph import Node
+    from polygrad.tensor import Tensor
+
+    src = inspect.getsource(forward_fast._factory)
+    for cls, var in ((Tensor, "r"), (Tensor, "s{j}"), (Node, "nd")):
+        for slot in cls.__slots__:
+            if slot != "__weakref__":
+                assert f"{var}.{slot} = " in src, f"forward_fast does not set {cls.__name__}.{slot} on {var}"
