@@ -13,11 +13,16 @@ slower or faster vCPU, gets different memory), not only over time, so one long p
 measure one draw of that per-process state for both sides.  Each row also records the CPU the
 process ended on and its involuntary context switches, to tell such a draw from polygrad.
 
+``--in-process`` instead alternates compiled and eager training runs (each the demo's
+``train_gcn``, 200 epochs, a fresh model) inside this one process: what the per-process state
+does to both sides cancels in each pair, which tells a change's effect from the VM's draw of a
+process (compare its spread with the fresh-process pairs').
+
 ``--baseline DIR`` adds a second checkout (its ``polygrad`` and ``backends`` imported from DIR
 through ``PYTHONPATH``), interleaved in the same rounds: a change's eager epoch is compared with
 the baseline's eager epoch measured in the same minutes (an eager slow-down would flatter the ratio).
 
-``python -m benchmarks cora_compile [--pairs 6] [--epochs 200] [--data DIR] [--baseline DIR]``
+``python -m benchmarks cora_compile [--pairs 6] [--epochs 200] [--data DIR] [--baseline DIR] [--in-process]``
 """
 from __future__ import annotations
 
@@ -27,34 +32,50 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks._harness import planetoid_dir, register
 
 TARGET_RATIO = 0.6
 
-#: run inside each child: the demo's JSON result, plus where the process ran (its last CPU and how
-#: often the scheduler took the CPU away from it), read from /proc after the demo
-_CHILD = r"""
-import json, os, sys
-from polygrad.apps.cli import main
-import io, contextlib
-buf = io.StringIO()
-with contextlib.redirect_stdout(buf):
-    rc = main(sys.argv[1:])
-result = json.loads(buf.getvalue().strip().splitlines()[-1])
-extra = {"polygrad": os.path.dirname(__import__("polygrad").__file__)}
+#: run inside each child (and, with --in-process, here): the demo's training (what ``polygrad demo
+#: gcn --json --no-progress`` runs: ``train_gcn`` with seed 0), its ``epoch_time_ms`` (wall, the
+#: demo's figure) and the median *CPU* time of an epoch (this thread's, epoch end to epoch end: a
+#: preemption by another process does not count there, so it separates polygrad from the machine)
+_TRAIN = r"""
+def train(data, compiled, epochs):
+    # one run of the demo's GCN training on Cora: wall and CPU epoch medians, accuracy
+    import os, statistics, time
+    from polygrad import data as pdata
+    from polygrad.apps import demos
+    if data not in _DATASET:
+        _DATASET[data] = pdata.load_planetoid(data, "cora")
+    marks = []
+    r = demos.train_gcn(_DATASET[data], seed=0, epochs=epochs, compile=compiled,
+                        on_epoch=lambda rec: marks.append(time.thread_time()))
+    cpu = [b - a for a, b in zip(marks[1:], marks[2:])]  # from the second epoch on, as the demo's median
+    return {"epoch_time_ms": r["epoch_time_ms"], "cpu_ms": statistics.median(cpu) * 1e3 if cpu else float("nan"),
+            "test_accuracy": r["test_accuracy"], "compiled": r["history"].replays > 0,
+            "polygrad": os.path.dirname(demos.__file__)}
+"""
+
+_CHILD = "import json, sys\n_DATASET = {}\n" + _TRAIN + r"""
+result = train(sys.argv[1], sys.argv[2] == "compile", int(sys.argv[3]))
 try:
     with open("/proc/self/stat") as f:
-        extra["cpu"] = int(f.read().rsplit(")", 1)[1].split()[36])
+        result["cpu"] = int(f.read().rsplit(")", 1)[1].split()[36])
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("nonvoluntary_ctxt_switches"):
-                extra["preempted"] = int(line.split()[1])
+                result["preempted"] = int(line.split()[1])
 except OSError:
     pass
-print(json.dumps({"result": result, **extra}))
+print(json.dumps(result))
 """
+
+_SCOPE: dict[str, Any] = {"_DATASET": {}}
+exec(_TRAIN, _SCOPE)  # the same function in this process (--in-process) as in each child
+train: Callable[[str, bool, int], dict[str, Any]] = _SCOPE["train"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -63,20 +84,21 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="Planetoid folder (default: the shared copy)")
     parser.add_argument("--baseline", default=None,
                         help="another checkout to interleave (its tree first on PYTHONPATH)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="alternate compiled and eager runs inside this process instead")
 
 
 def run_demo(data: str, compiled: bool, epochs: int, tree: str | None = None) -> dict[str, Any]:
-    """One fresh process of the demo; its JSON result with ``cpu``/``preempted`` added."""
+    """One fresh process of the demo's training (:func:`train`), ``cpu``/``preempted`` added."""
     env = dict(os.environ)
     if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it is
-    argv = ["demo", "gcn", "--data", data, "--json", "--no-progress", "--epochs", str(epochs),
-            "--compile" if compiled else "--no-compile"]
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([p for p in (tree, env.get("PYTHONPATH")) if p])
+    argv = [data, "compile" if compiled else "eager", str(epochs)]
     out = subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env, check=True,
                          capture_output=True, text=True).stdout
-    child = json.loads(out.strip().splitlines()[-1])
-    return {**child.pop("result"), **child}
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _load() -> float:
@@ -86,14 +108,17 @@ def _load() -> float:
 @register("cora_compile", "Cora GCN demo: compiled / --no-compile epoch, interleaved fresh-process pairs",
           options=_options)
 def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
-        baseline: str | None = None) -> dict:
+        baseline: str | None = None, in_process: bool = False) -> dict:
     data = data or os.fspath(planetoid_dir())
     if quick:
         pairs, epochs = min(pairs, 2), min(epochs, 30)
+    if in_process and baseline:
+        raise SystemExit("cora_compile: --in-process runs this tree only (no --baseline)")
     trees: list[tuple[str, str | None]] = [("this", None)] + ([("baseline", baseline)] if baseline else [])
     rows: list[dict] = []
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
     eager: dict[str, list[float]] = {name: [] for name, _ in trees}
+    cpu_ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
     compiled: dict[str, list[float]] = {name: [] for name, _ in trees}
     accuracies: set[float] = set()
     load_before = _load()
@@ -102,19 +127,22 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
         # trees alternate too: this tree's pair first in even rounds, the baseline's first in odd ones
         for name, tree in (trees if p % 2 == 0 else trees[::-1]):
             ms: dict[bool, float] = {}
+            cpu: dict[bool, float] = {}
             for comp in order:
-                r = run_demo(data, comp, epochs, tree)
+                r = train(data, comp, epochs) if in_process else run_demo(data, comp, epochs, tree)
                 ms[comp] = r["epoch_time_ms"]
+                cpu[comp] = r["cpu_ms"]
                 accuracies.add(round(r["test_accuracy"], 6))
                 rows.append({"pair": p, "tree": name, "mode": "compiled" if comp else "eager",
-                             "epoch_ms": r["epoch_time_ms"], "test_acc": r["test_accuracy"],
+                             "epoch_ms": r["epoch_time_ms"], "cpu_ms": r["cpu_ms"], "test_acc": r["test_accuracy"],
                              "replayed": r.get("compiled"), "cpu": r.get("cpu"),
                              "preempted": r.get("preempted"), "load": round(_load(), 2)})
             ratios[name].append(ms[True] / ms[False])
+            cpu_ratios[name].append(cpu[True] / cpu[False])
             compiled[name].append(ms[True])
             eager[name].append(ms[False])
             rows[-1]["ratio"] = round(ratios[name][-1], 3)
-    summary: dict[str, Any] = {"pairs": pairs, "epochs": epochs, "target_ratio": TARGET_RATIO,
+    summary: dict[str, Any] = {"pairs": pairs, "epochs": epochs, "in_process": in_process, "target_ratio": TARGET_RATIO,
                                "load_before": round(load_before, 2), "load_after": round(_load(), 2),
                                "same_accuracy": len(accuracies) == 1,
                                "test_accuracy": sorted(accuracies)}
@@ -122,6 +150,8 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
         prefix = "" if name == "this" else f"{name}_"
         summary[f"{prefix}ratios"] = [round(r, 3) for r in ratios[name]]
         summary[f"{prefix}median_ratio"] = round(statistics.median(ratios[name]), 3)
+        summary[f"{prefix}cpu_ratios"] = [round(r, 3) for r in cpu_ratios[name]]
+        summary[f"{prefix}median_cpu_ratio"] = round(statistics.median(cpu_ratios[name]), 3)
         summary[f"{prefix}compiled_ms_median"] = round(statistics.median(compiled[name]), 3)
         summary[f"{prefix}eager_ms_median"] = round(statistics.median(eager[name]), 3)
     if baseline:
