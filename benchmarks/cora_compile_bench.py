@@ -40,21 +40,29 @@ TARGET_RATIO = 0.6
 
 #: run inside each child (and, with --in-process, here): the demo's training (what ``polygrad demo
 #: gcn --json --no-progress`` runs: ``train_gcn`` with seed 0), its ``epoch_time_ms`` (wall, the
-#: demo's figure) and the median *CPU* time of an epoch (this thread's, epoch end to epoch end: a
-#: preemption by another process does not count there, so it separates polygrad from the machine)
+#: demo's figure), the median *CPU* time of an epoch (this thread's, epoch end to epoch end: a
+#: preemption by another process does not count there) and the median minor page faults per epoch
+#: (the compiled epoch's bimodality was the heap's top given back and faulted in again, see
+#: polygrad/runtime/heap.py)
 _TRAIN = r"""
 def train(data, compiled, epochs):
     # one run of the demo's GCN training on Cora: wall and CPU epoch medians, accuracy
-    import os, statistics, time
+    import os, resource, statistics, time
     from polygrad import data as pdata
     from polygrad.apps import demos
     if data not in _DATASET:
         _DATASET[data] = pdata.load_planetoid(data, "cora")
-    marks = []
-    r = demos.train_gcn(_DATASET[data], seed=0, epochs=epochs, compile=compiled,
-                        on_epoch=lambda rec: marks.append(time.thread_time()))
+    marks, faults = [], []
+
+    def mark(rec):
+        marks.append(time.thread_time())
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+    r = demos.train_gcn(_DATASET[data], seed=0, epochs=epochs, compile=compiled, on_epoch=mark)
     cpu = [b - a for a, b in zip(marks[1:], marks[2:])]  # from the second epoch on, as the demo's median
+    faulted = [b - a for a, b in zip(faults[1:], faults[2:])]
     return {"epoch_time_ms": r["epoch_time_ms"], "cpu_ms": statistics.median(cpu) * 1e3 if cpu else float("nan"),
+            "faults": statistics.median(faulted) if faulted else float("nan"),
             "test_accuracy": r["test_accuracy"], "compiled": r["history"].replays > 0,
             "polygrad": os.path.dirname(demos.__file__)}
 """
@@ -134,7 +142,8 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
                 cpu[comp] = r["cpu_ms"]
                 accuracies.add(round(r["test_accuracy"], 6))
                 rows.append({"pair": p, "tree": name, "mode": "compiled" if comp else "eager",
-                             "epoch_ms": r["epoch_time_ms"], "cpu_ms": r["cpu_ms"], "test_acc": r["test_accuracy"],
+                             "epoch_ms": r["epoch_time_ms"], "cpu_ms": r["cpu_ms"], "faults": r["faults"],
+                             "test_acc": r["test_accuracy"],
                              "replayed": r.get("compiled"), "cpu": r.get("cpu"),
                              "preempted": r.get("preempted"), "load": round(_load(), 2)})
             ratios[name].append(ms[True] / ms[False])
