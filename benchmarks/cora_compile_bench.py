@@ -1,22 +1,26 @@
 """Benchmark "cora_compile": the Cora GCN demo compiled against its ``--no-compile`` epoch (issue 20's
 done-when: compiled <= 0.6x, same accuracy), measured so that a ratio can be trusted on a noisy VM.
 
-Each *pair* is two fresh processes run back to back, ``python -m polygrad demo gcn --json
---no-progress --compile`` and the same with ``--no-compile`` (the demo's own ``epoch_time_ms``: the
-median over its 200 epochs); the pair's ratio is compiled / eager and the headline is the median of
-the pairs' ratios.  The order alternates from pair to pair (compiled first, then eager first), so a
-drift of the machine's speed during a pair does not favour one side.
+Each *pair* is two fresh processes of the done-when's own command run back to back, ``python -m
+polygrad demo gcn --data DIR --json --no-progress --compile`` and the same with ``--no-compile``
+(the demo's ``epoch_time_ms``: the median over its 200 epochs, the first left out); the pair's
+ratio is compiled / eager and the headline is the median of the pairs' ratios.  The order
+alternates from pair to pair (compiled first, then eager first), so a drift of the machine's speed
+during a pair does not favour one side.  Each row also gives the process's minor page faults (in
+thousands, the whole process: loading included), its CPU time, the CPU it ended on and how often
+it was preempted.
 
-Why fresh processes rather than alternating epochs inside one process: the figure of the done-when
-is the demo command's, and the speed of this VM differs between *processes* (a process lands on a
-slower or faster vCPU, gets different memory), not only over time, so one long process would
-measure one draw of that per-process state for both sides.  Each row also records the CPU the
-process ended on and its involuntary context switches, to tell such a draw from polygrad.
+Why fresh processes: the figure of the done-when is the command's, and its epoch differed from
+process to process -- partly the VM, partly polygrad: in some processes glibc gave the heap's top
+back after every compiled epoch and faulted it in again (110-191 faults per epoch, 1.7-3.2 ms
+against 1.2-1.4 ms; fixed by ``polygrad.runtime.heap``), which a single long process would have
+shown for both sides or for neither.  The fault count tells such a process (~+30 thousand over 200
+epochs) from a slow machine.
 
 ``--in-process`` instead alternates compiled and eager training runs (each the demo's
-``train_gcn``, 200 epochs, a fresh model) inside this one process: what the per-process state
-does to both sides cancels in each pair, which tells a change's effect from the VM's draw of a
-process (compare its spread with the fresh-process pairs').
+``train_gcn``, a fresh model) inside this one process, with each epoch's thread CPU time and page
+faults: what the per-process state does to both sides cancels in each pair, which separates a
+change's effect from the draw of a process.
 
 ``--baseline DIR`` adds a second checkout (its ``polygrad`` and ``backends`` imported from DIR
 through ``PYTHONPATH``), interleaved in the same rounds: a change's eager epoch is compared with
@@ -32,58 +36,45 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import Any
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
 
 from benchmarks._harness import planetoid_dir, register
 
 TARGET_RATIO = 0.6
 
-#: run inside each child (and, with --in-process, here): the demo's training (what ``polygrad demo
-#: gcn --json --no-progress`` runs: ``train_gcn`` with seed 0), its ``epoch_time_ms`` (wall, the
-#: demo's figure), the median *CPU* time of an epoch (this thread's, epoch end to epoch end: a
-#: preemption by another process does not count there) and the median minor page faults per epoch
-#: (the compiled epoch's bimodality was the heap's top given back and faulted in again, see
-#: polygrad/runtime/heap.py)
-_TRAIN = r"""
-def train(data, compiled, epochs):
-    # one run of the demo's GCN training on Cora: wall and CPU epoch medians, accuracy
-    import os, resource, statistics, time
+_DATASET: dict[str, Any] = {}
+
+
+def train(data: str, compiled: bool, epochs: int) -> dict[str, Any]:
+    """One run of the demo's GCN training on Cora in this process (``--in-process``): the demo's
+    ``epoch_time_ms``, the median thread CPU time and minor page faults of an epoch (epoch end to
+    epoch end, from the second epoch on, as the demo's median), the accuracy."""
+    import time
+
     from polygrad import data as pdata
     from polygrad.apps import demos
+
     if data not in _DATASET:
         _DATASET[data] = pdata.load_planetoid(data, "cora")
-    marks, faults = [], []
+    marks: list[float] = []
+    faults: list[int] = []
 
-    def mark(rec):
+    def mark(rec: Any) -> None:
         marks.append(time.thread_time())
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0)
 
     r = demos.train_gcn(_DATASET[data], seed=0, epochs=epochs, compile=compiled, on_epoch=mark)
-    cpu = [b - a for a, b in zip(marks[1:], marks[2:])]  # from the second epoch on, as the demo's median
+    cpu = [b - a for a, b in zip(marks[1:], marks[2:])]
     faulted = [b - a for a, b in zip(faults[1:], faults[2:])]
-    return {"epoch_time_ms": r["epoch_time_ms"], "cpu_ms": statistics.median(cpu) * 1e3 if cpu else float("nan"),
-            "faults": statistics.median(faulted) if faulted else float("nan"),
-            "test_accuracy": r["test_accuracy"], "compiled": r["history"].replays > 0,
-            "polygrad": os.path.dirname(demos.__file__)}
-"""
-
-_CHILD = "import json, sys\n_DATASET = {}\n" + _TRAIN + r"""
-result = train(sys.argv[1], sys.argv[2] == "compile", int(sys.argv[3]))
-try:
-    with open("/proc/self/stat") as f:
-        result["cpu"] = int(f.read().rsplit(")", 1)[1].split()[36])
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("nonvoluntary_ctxt_switches"):
-                result["preempted"] = int(line.split()[1])
-except OSError:
-    pass
-print(json.dumps(result))
-"""
-
-_SCOPE: dict[str, Any] = {"_DATASET": {}}
-exec(_TRAIN, _SCOPE)  # the same function in this process (--in-process) as in each child
-train: Callable[[str, bool, int], dict[str, Any]] = _SCOPE["train"]
+    return {"epoch_time_ms": r["epoch_time_ms"], "test_accuracy": r["test_accuracy"],
+            "compiled": r["history"].replays > 0,
+            "cpu_ms": statistics.median(cpu) * 1e3 if cpu else float("nan"),
+            "faults": statistics.median(faulted) if faulted else float("nan")}
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -97,16 +88,40 @@ def _options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(data: str, compiled: bool, epochs: int, tree: str | None = None) -> dict[str, Any]:
-    """One fresh process of the demo's training (:func:`train`), ``cpu``/``preempted`` added."""
+    """One fresh process of ``python -m polygrad demo gcn ... --json``: its JSON result, with the
+    process's minor page faults (thousands), CPU seconds, last CPU and involuntary switches."""
     env = dict(os.environ)
     if tree is not None:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it is
-    if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([p for p in (tree, env.get("PYTHONPATH")) if p])
-    argv = [data, "compile" if compiled else "eager", str(epochs)]
-    out = subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it is
+    argv = [sys.executable, "-m", "polygrad", "demo", "gcn", "--data", data, "--json", "--no-progress",
+            "--epochs", str(epochs), "--compile" if compiled else "--no-compile"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    status, usage = proc.returncode, _last_child_usage()
+    if status:
+        raise RuntimeError(f"cora_compile: the demo failed ({status}): {err.strip()[-500:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result.update(usage)
+    return result
+
+
+_CHILDREN = [resource.getrusage(resource.RUSAGE_CHILDREN)] if resource is not None else []
+
+
+def _last_child_usage() -> dict[str, Any]:
+    """The resources of the children that ended since the last call (here: the one demo process)."""
+    if resource is None:
+        return {}
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, _CHILDREN[0] = _CHILDREN[0], now
+    return {"faults_k": round((now.ru_minflt - before.ru_minflt) / 1e3, 1),
+            "cpu_s": round(now.ru_utime + now.ru_stime - before.ru_utime - before.ru_stime, 2),
+            "preempted": now.ru_nivcsw - before.ru_nivcsw}
+
+
+#: per-run figures shown beside the epoch time when the run reports them (fresh process / in-process)
+_DETAILS = ("compiled", "faults_k", "cpu_s", "preempted", "cpu_ms", "faults")
 
 
 def _load() -> float:
@@ -126,7 +141,6 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
     rows: list[dict] = []
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
     eager: dict[str, list[float]] = {name: [] for name, _ in trees}
-    cpu_ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
     compiled: dict[str, list[float]] = {name: [] for name, _ in trees}
     accuracies: set[float] = set()
     load_before = _load()
@@ -135,19 +149,14 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
         # trees alternate too: this tree's pair first in even rounds, the baseline's first in odd ones
         for name, tree in (trees if p % 2 == 0 else trees[::-1]):
             ms: dict[bool, float] = {}
-            cpu: dict[bool, float] = {}
             for comp in order:
                 r = train(data, comp, epochs) if in_process else run_demo(data, comp, epochs, tree)
                 ms[comp] = r["epoch_time_ms"]
-                cpu[comp] = r["cpu_ms"]
                 accuracies.add(round(r["test_accuracy"], 6))
                 rows.append({"pair": p, "tree": name, "mode": "compiled" if comp else "eager",
-                             "epoch_ms": r["epoch_time_ms"], "cpu_ms": r["cpu_ms"], "faults": r["faults"],
-                             "test_acc": r["test_accuracy"],
-                             "replayed": r.get("compiled"), "cpu": r.get("cpu"),
-                             "preempted": r.get("preempted"), "load": round(_load(), 2)})
+                             "epoch_ms": r["epoch_time_ms"], "test_acc": r["test_accuracy"],
+                             **{k: r[k] for k in _DETAILS if k in r}, "load": round(_load(), 2)})
             ratios[name].append(ms[True] / ms[False])
-            cpu_ratios[name].append(cpu[True] / cpu[False])
             compiled[name].append(ms[True])
             eager[name].append(ms[False])
             rows[-1]["ratio"] = round(ratios[name][-1], 3)
@@ -159,8 +168,6 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
         prefix = "" if name == "this" else f"{name}_"
         summary[f"{prefix}ratios"] = [round(r, 3) for r in ratios[name]]
         summary[f"{prefix}median_ratio"] = round(statistics.median(ratios[name]), 3)
-        summary[f"{prefix}cpu_ratios"] = [round(r, 3) for r in cpu_ratios[name]]
-        summary[f"{prefix}median_cpu_ratio"] = round(statistics.median(cpu_ratios[name]), 3)
         summary[f"{prefix}compiled_ms_median"] = round(statistics.median(compiled[name]), 3)
         summary[f"{prefix}eager_ms_median"] = round(statistics.median(eager[name]), 3)
     if baseline:
