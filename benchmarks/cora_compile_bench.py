@@ -83,11 +83,14 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="Planetoid folder (default: the shared copy)")
     parser.add_argument("--baseline", default=None,
                         help="another checkout to interleave (its tree first on PYTHONPATH)")
+    parser.add_argument("--cwd", default=None,
+                        help="run the demo processes in this folder (their environment, and so where their "
+                             "heap starts, differs: the heap-trim fault mode appeared from /tmp, not from a checkout)")
     parser.add_argument("--in-process", action="store_true",
                         help="alternate compiled and eager runs inside this process instead")
 
 
-def run_demo(data: str, compiled: bool, epochs: int, tree: str | None = None) -> dict[str, Any]:
+def run_demo(data: str, compiled: bool, epochs: int, tree: str | None = None, cwd: str | None = None) -> dict[str, Any]:
     """One fresh process of ``python -m polygrad demo gcn ... --json``: its JSON result, with the
     process's minor page faults (thousands), CPU seconds, last CPU and involuntary switches."""
     env = dict(os.environ)
@@ -96,7 +99,7 @@ def run_demo(data: str, compiled: bool, epochs: int, tree: str | None = None) ->
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it is
     argv = [sys.executable, "-m", "polygrad", "demo", "gcn", "--data", data, "--json", "--no-progress",
             "--epochs", str(epochs), "--compile" if compiled else "--no-compile"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
     status, usage = proc.returncode, _last_child_usage()
     if status:
@@ -131,8 +134,9 @@ def _load() -> float:
 @register("cora_compile", "Cora GCN demo: compiled / --no-compile epoch, interleaved fresh-process pairs",
           options=_options)
 def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
-        baseline: str | None = None, in_process: bool = False) -> dict:
-    data = data or os.fspath(planetoid_dir())
+        baseline: str | None = None, in_process: bool = False, cwd: str | None = None) -> dict:
+    data = os.path.abspath(data or os.fspath(planetoid_dir()))  # the processes may run elsewhere (--cwd)
+    baseline = os.path.abspath(baseline) if baseline else None
     if quick:
         pairs, epochs = min(pairs, 2), min(epochs, 30)
     if in_process and baseline:
@@ -150,7 +154,7 @@ def run(quick: bool, pairs: int = 6, epochs: int = 200, data: str | None = None,
         for name, tree in (trees if p % 2 == 0 else trees[::-1]):
             ms: dict[bool, float] = {}
             for comp in order:
-                r = train(data, comp, epochs) if in_process else run_demo(data, comp, epochs, tree)
+                r = train(data, comp, epochs) if in_process else run_demo(data, comp, epochs, tree, cwd)
                 ms[comp] = r["epoch_time_ms"]
                 accuracies.add(round(r["test_accuracy"], 6))
                 rows.append({"pair": p, "tree": name, "mode": "compiled" if comp else "eager",
