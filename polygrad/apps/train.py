@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import polygrad as pg
 from polygrad.runtime.backend import shares_arrays
+from polygrad.runtime.heap import keep_heap_top
 from polygrad.compile import Compiled
 from polygrad.ir.errors import NonFiniteError
 
@@ -235,6 +236,7 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
         raise ValueError(f"fit: checkpoint_every must be >= 1, got {checkpoint_every}")
 
     mode = _compile_mode(compile)
+    keep_heap_top()  # each epoch frees its intermediates: keep the heap's pages (runtime/heap.py)
     history = History(compile_mode=mode)
     # pure mode with an optimizer that replaces its arrays: the step runs inside the compiled call
     # (one replay), undone where the eager loop would not have stepped; else a replay of its own
