@@ -68,33 +68,3 @@ def cross_entropy_vjp(kernels: KernelTable, xp: Any) -> Callable:
         return (cross_entropy.logits_grad(g, x, target, reduction, steps) if needs[0] else None,)
 
     return vjp
-
-
-class Saved:
-    """What a cross-entropy forward kept of its logits for the backward (the row exponentials and
-    their sums), a slot of a compiled step; ``shape`` is ``()``: a replay checks each slot's shape."""
-
-    __slots__ = ("arrays",)
-    shape = ()
-
-    def __init__(self, arrays: tuple) -> None:
-        self.arrays = arrays
-
-
-def cross_entropy_pair(kernels: KernelTable, xp: Any) -> tuple[Callable, Callable]:
-    """The forward ``(logits, *, target, reduction) -> (loss, Saved)`` and the backward
-    ``(dLoss, logits, saved, *, needs, target, reduction) -> (dLogits,)`` that pg.compile runs in
-    place of the kernel and the fused backward when a step runs both on the same logits
-    (``polygrad.compile.rewrite._share_cross_entropy``): the backward takes the exponentials and
-    their row sums from the forward instead of recomputing them (9 of its ~20 small kernels); the
-    same kernels on the same arrays, so the same bits."""
-    steps = KernelSteps(kernels, xp)
-
-    def forward(x: Any, *, target: Any, reduction: str) -> tuple:
-        loss, saved = cross_entropy.loss_and_saved(x, target, reduction, steps)
-        return loss, Saved(saved)
-
-    def backward(g: Any, x: Any, saved: Saved, *, needs: tuple, target: Any, reduction: str) -> tuple:
-        return (cross_entropy.saved_grad(g, x.shape, saved.arrays, target, reduction, steps),)
-
-    return forward, backward

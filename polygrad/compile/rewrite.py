@@ -6,9 +6,8 @@ from typing import Any
 import numpy as np
 
 from ..ir.ops import Op
-from ..runtime.registry import registry
 from ..sparse.pattern import Pattern
-from .program import (ASSERT_FINITE, CALL, FUSED, HOST, KERNEL, AssertFinite, Call, Fused, Kernel, _dataflow,
+from .program import (ASSERT_FINITE, FUSED, HOST, KERNEL, AssertFinite, Fused, Kernel, _dataflow,
                       _result_slots, _same)
 
 
@@ -126,53 +125,6 @@ def _apply_row_gather(program: list, meta: list, plan: dict, done: set) -> tuple
     program = program[:at] + before + program[at:]
     shifted = {i + len(before) if i >= at else i for i in done}
     return program, meta, shifted | {plan["getitem"] + len(before)}
-
-
-def _no_numbers() -> tuple:
-    return ()
-
-
-def _own_kernels(be: Any, key: tuple) -> bool:
-    """Whether dispatch runs ``be``'s own forward and fused backward kernels for ``key`` (no plugin
-    override, no injected fault): what a rewrite to the backend's shared-work pair stands in for."""
-    return (registry.tables.get(be.name, {}).get(key) is getattr(be, "kernels", {}).get(key)
-            and registry.vjp_tables.get(be.name, {}).get(key) is getattr(be, "vjp_kernels", {}).get(key))
-
-
-def _share_cross_entropy(program: list, meta: list) -> tuple[list, list]:
-    """Let a cross-entropy backward take the forward's exponentials instead of recomputing them.
-
-    The fused backward of ``Op.CROSS_ENTROPY`` recomputes the shifted logits, their exponentials
-    and row sums from the logits (eager keeps nothing from the forward); where a captured step runs
-    the forward kernel and the fused backward on the same logits slot with the same target and
-    reduction, both become calls of the backend's ``cross_entropy_pair`` (the numpy backend's,
-    ``backends/cross_entropy_kernels.py``): the forward returns what it computed of them, the
-    backward takes it -- the same kernels on the same arrays, so the same bits (a slot is never
-    written after it is produced).  Only where dispatch runs the backend's own kernels for the op.
-    """
-    key = (Op.CROSS_ENTROPY, "dense")
-    program, meta = list(program), list(meta)
-    for n, e in enumerate(program):
-        if e[0] != KERNEL or e[2] != key or getattr(e[1], "cross_entropy_pair", None) is None:
-            continue
-        be, (x,), attrs = e[1], e[3], e[4]
-        if not _own_kernels(be, key):
-            continue
-        backward = [r for r in range(n + 1, len(program)) if program[r][0] == FUSED and program[r][2] == key
-                    and program[r][1] is be and program[r][3][1:] == (x,)
-                    and tuple(program[r][4].get("needs", ())) == (True,) and program[r][5][0] >= 0
-                    and program[r][4].get("reduction") == attrs.get("reduction")
-                    and _same(program[r][4].get("target"), attrs.get("target"))]
-        if len(backward) != 1:
-            continue
-        r = backward[0]
-        forward, vjp = be.cross_entropy_pair
-        saved = len(meta)
-        meta.append((be, (), meta[x][2]))  # what the forward kept (an object of shape ())
-        program[n] = Call(CALL, be, forward, dict(attrs), _no_numbers, (x,), (e[5], saved))
-        f = program[r]
-        program[r] = Call(CALL, be, vjp, dict(f[4]), _no_numbers, (f[3][0], x, saved), (f[5][0],))
-    return program, meta
 
 
 def _all_finite(array: Any) -> bool:

@@ -78,33 +78,21 @@ def _exp_sum(shifted: Any, k: Steps) -> tuple[Any, Any]:
 
 def loss(x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
     """The loss of logits ``x [N, C]`` at classes ``target``: ``[N]`` for "none", else ``()``."""
-    return loss_and_saved(x, target, reduction, k)[0]
-
-
-def loss_and_saved(x: Any, target: np.ndarray, reduction: str, k: Steps) -> tuple[Any, tuple]:
-    """:func:`loss` and what :func:`logits_grad` recomputes from ``x`` (``saved_grad`` takes it):
-    a replay that runs both on the same logits computes it once (the same kernels on the same
-    arrays give the same bits)."""
     shifted = _shifted(x, k)
-    e, s = _exp_sum(shifted, k)
+    _, s = _exp_sum(shifted, k)
     logp = k.add(shifted, k.neg(k.log(s)))
     losses = k.neg(k.getitem(logp, picked_index(target)))
     if reduction == "none":
-        return losses, (e, s)
+        return losses
     total = k.sum(losses, (0,), False)
-    return (k.mul(total, k.const(total, mean_scale(target.shape[0]))) if reduction == "mean" else total), (e, s)
+    return k.mul(total, k.const(total, mean_scale(target.shape[0]))) if reduction == "mean" else total
 
 
 def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
     """``dx`` from the loss's gradient ``g``: the composite's backward, rule by rule."""
+    n, c = x.shape
     shifted = _shifted(x, k)  # recomputed: the same kernels on the same arrays give the forward's bits
-    return saved_grad(g, x.shape, _exp_sum(shifted, k), target, reduction, k)
-
-
-def saved_grad(g: Any, shape: tuple, saved: tuple, target: np.ndarray, reduction: str, k: Steps) -> Any:
-    """:func:`logits_grad` of logits of ``shape`` from what :func:`loss_and_saved` kept of them."""
-    n, c = shape
-    e, s = saved
+    e, s = _exp_sum(shifted, k)
     if reduction == "mean":  # mul rule (the scale is a constant), then the sum rule's expand
         g = k.mul(g, k.const(g, mean_scale(n)))
     if reduction != "none":
