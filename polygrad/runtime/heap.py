@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import warnings
 
 from .pool import MIN_BYTES
 
@@ -54,10 +55,17 @@ def _glibc() -> bool:
 def top_pad_bytes() -> int:
     """The padding to set: ``POLYGRAD_MALLOC_TOP_PAD`` (0: leave malloc alone), else 16 MiB."""
     value = os.environ.get(ENV_VAR, "").strip()
-    try:
-        return max(int(value), 0) if value else TOP_PAD_BYTES
-    except ValueError:
+    if not value:
         return TOP_PAD_BYTES
+    try:
+        pad = int(value)
+    except ValueError:
+        pad = -1
+    if pad < 0:
+        warnings.warn(f"{ENV_VAR}={value!r} is not a number of bytes >= 0 (0 leaves malloc alone): "
+                      f"using the default, {TOP_PAD_BYTES}", stacklevel=2)
+        return TOP_PAD_BYTES
+    return pad
 
 
 def keep_heap_top() -> bool:

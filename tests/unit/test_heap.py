@@ -17,11 +17,17 @@ def fresh(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("value, want", [("", heap.TOP_PAD_BYTES), ("0", 0), ("1048576", 1 << 20),
-                                         ("-5", 0), ("lots", heap.TOP_PAD_BYTES)])
+@pytest.mark.parametrize("value, want", [("", heap.TOP_PAD_BYTES), ("0", 0), ("1048576", 1 << 20)])
 def test_the_padding_comes_from_the_environment(monkeypatch, value, want):
     monkeypatch.setenv(heap.ENV_VAR, value)
     assert heap.top_pad_bytes() == want
+
+
+@pytest.mark.parametrize("value", ["-5", "lots", "16M"])
+def test_a_bad_setting_warns_and_uses_the_default(monkeypatch, value):
+    monkeypatch.setenv(heap.ENV_VAR, value)
+    with pytest.warns(UserWarning, match=heap.ENV_VAR):
+        assert heap.top_pad_bytes() == heap.TOP_PAD_BYTES
 
 
 def test_set_once_per_process(fresh, monkeypatch):
