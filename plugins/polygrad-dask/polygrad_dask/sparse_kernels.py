@@ -7,16 +7,18 @@ distinct columns of ``j`` its nonzeros touch (ids kept on ``j``'s worker, comput
 pattern).  Every kernel task on block ``i`` asks for that worker (``cluster.pinned``), so:
 
 * ``spmm``    ``Y_i = A_i @ [X_i | X_j[halo_ij] ...]``: ``j``'s worker gathers the halo rows, only
-  they travel; one scipy product per block
+  they travel; the own tile's product runs while they do, the halo tiles then add onto a copy
+  of it (sparsetools' ``csr_matvecs`` straight into the output)
 * ``spmm_t``  ``Z_j = (A_j.T G_j)[own] + sum_i (A_i.T G_i)[halo_ij]`` added at ``halo_ij`` on ``j``'s
-  worker: only the halo rows of the partial travel
+  worker: only the halo rows of the partial travel; the own term is computed (``csc_matvecs``, no
+  transpose built) while they do
 * ``sddmm``   ``out_i[k] = P_i[row_k] . [Q_i | Q_j[halo_ij] ...][col_k]``: the same gathers
 * ``segment_sum`` / ``segment_max``  one ``reduceat`` per row block on its own values
 
 so the traffic of a product with F columns is ``sum(halo rows) * F * itemsize``, bounded by the
-edge cut (and by the rows of the other blocks), never N.  Partials are added in a fixed order
-(blocks 0, 1, ...), so results are reproducible run to run; they differ from the single-process
-numpy backend only by summation order.
+edge cut (and by the rows of the other blocks), never N.  Terms are added in a fixed order (the
+own block's first, then the others in block order), so results are the same bits run to run; they
+differ from the single-process numpy backend only by summation order.
 """
 from __future__ import annotations
 
@@ -110,6 +112,21 @@ def _spmm_block(block: RowBlock, values: np.ndarray, *parts: np.ndarray) -> np.n
     return out
 
 
+def _spmm_tiles(block: RowBlock, values: np.ndarray, tiles: tuple, start: np.ndarray | None,
+                *parts: np.ndarray) -> np.ndarray:
+    """``start + sum_j A_ij @ part_j`` over the column blocks ``tiles`` (in that order), into a
+    copy of ``start`` (a zero output when None).  The own tile runs first, from zero, while the
+    halo rows are still on their way; the halo tiles then add onto a copy of it."""
+    f = parts[0].shape[1]
+    dtype = np.result_type(values.dtype, *(p.dtype for p in parts))
+    memcap.check(_what(block, "an SpMM result"), 2 * block.rows * f * dtype.itemsize)
+    out = np.zeros((block.rows, f), dtype=dtype) if start is None else np.array(start, dtype=dtype, order="C")
+    for j, part in zip(tiles, parts):
+        if block.starts[j + 1] > block.starts[j]:
+            _tile_into(block, j, values, part, out)
+    return out
+
+
 def _spmm_t_halo(block: RowBlock, values: np.ndarray, g: np.ndarray, own: int | None) -> tuple:
     """``A_ij.T @ G_i`` for every column block ``j`` but ``own`` (rows: its operand piece, whole or
     halo), each from zero; ``None`` for ``own`` (added on its worker by :func:`_assemble`)."""
@@ -117,7 +134,7 @@ def _spmm_t_halo(block: RowBlock, values: np.ndarray, g: np.ndarray, own: int | 
     width = sum(count for j, (_, count) in enumerate(block.segments) if j != own)
     memcap.check(_what(block, "a transposed SpMM partial"), width * g.shape[1] * dtype.itemsize)
     g = np.ascontiguousarray(g, dtype=dtype)
-    out = []
+    out: list[np.ndarray | None] = []
     for j, (_, count) in enumerate(block.segments):
         if j == own:
             out.append(None)
@@ -167,6 +184,19 @@ def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: Any) -> np.ndarray:
                 _tile_t_into(block, where[1], values, np.ascontiguousarray(g, dtype=out.dtype), out)
             continue
         part = next(args)
+        if where is None:
+            out += part
+        else:
+            _add_at(out, where, part.astype(out.dtype, copy=False))
+    return out
+
+
+def _add_partials(start: np.ndarray, ids: tuple, *parts: np.ndarray) -> np.ndarray:
+    """A copy of ``start`` (the own tile's transposed product, already on this worker) with the
+    other row blocks' partials added in block order, whole or at their halo ids."""
+    memcap.check(f"a transposed SpMM block of shape {start.shape}", start.nbytes)
+    out = np.array(start, order="C")
+    for where, part in zip(ids, parts):
         if where is None:
             out += part
         else:
@@ -258,16 +288,23 @@ def spmm_partition(part: Partition, values: da.Array, x: da.Array) -> da.Array:
     out = []
     for i, block in enumerate(part.blocks):
         parts = _operand_parts(part, i, xb, x)
+        own = own_block(part, i)
+        fetched = [j for j, (_, count) in enumerate(part.segments[i]) if count and j != own]
         with cluster.pinned(i):
-            out.append(_d(_spmm_block)(block, vb[i], *parts))
+            if own is None or not part.segments[i][own][1] or not fetched:
+                out.append(_d(_spmm_block)(block, vb[i], *parts))
+                continue
+            # the own tile first (its operand is here), overlapping the halo's transfer; then the rest
+            first = _d(_spmm_tiles)(block, vb[i], (own,), None, parts[own])
+            out.append(_d(_spmm_tiles)(block, vb[i], tuple(fetched), first, *(parts[j] for j in fetched)))
     return _stack(out, [(r, f) for r in part.row_chunks], dtype)
 
 
 def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array:
     """``A.T @ G`` (G 2-D) from A's own blocks, rows chunked as A's column blocks: each row block's
-    partials for the other column blocks on its worker, then per column block ``j`` one task on
-    ``j``'s worker adding them, in row-block order, with the own row block's tile computed right
-    into the result."""
+    partials for the other column blocks on its worker; per column block ``j``, on ``j``'s worker,
+    the own row block's term (which needs nothing from elsewhere), then a copy of it with the
+    other partials added in row-block order."""
     dtype = np.result_type(values.dtype, g.dtype)
     f = g.shape[1]
     vb = _blocks(values, part.nnz_chunks)
@@ -282,19 +319,24 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
     for j, cols in enumerate(part.col_chunks):
         ids: list = []
         pieces: list = []
+        mine = None
         for i in range(len(part.blocks)):
             _, count = part.segments[i][j]
             if not count:
                 continue
             if own_block(part, i) == j:
-                ids.append((OWN, j))
-                pieces += [part.blocks[i], vb[i], gb[i]]
+                mine = i
                 continue
             with cluster.pinned(i):
                 pieces.append(_d(_rows_of)(partials[i], j))
             ids.append(part.needs.get((i, j)))
         with cluster.pinned(j):
-            out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
+            if mine is None:
+                out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
+                continue
+            # the own tile first (everything it reads is here), overlapping the partials' transfer
+            first = _d(_assemble)((cols, f), dtype, ((OWN, j),), part.blocks[mine], vb[mine], gb[mine])
+            out.append(_d(_add_partials)(first, tuple(ids), *pieces) if pieces else first)
     return _stack(out, [(c, f) for c in part.col_chunks], dtype)
 
 

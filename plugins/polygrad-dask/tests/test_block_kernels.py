@@ -118,3 +118,49 @@ def test_add_at_is_fancy_add_bit_for_bit(case):
         got = out.copy()
         sparse_kernels._add_at(got, ids, part)
     _bits(got, want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocked())
+def test_own_tile_first_then_the_halo_tiles_onto_a_copy(case):
+    """The split forward (own tile from zero, then the fetched tiles added onto a copy of it) gives
+    the row block's product; with the own block first in column order it is still the serial
+    CSR product bit for bit, and the copied-from result is never written."""
+    a, col_bounds, own, x = case
+    if own is None:
+        own = 0
+    block = build_block(a.indptr, a.indices, col_bounds, 0, own)
+    parts = [x[lo:hi] if need is None else sparse_kernels._take(x[lo:hi], need)
+             for (lo, hi), need in zip(zip(col_bounds[:-1], col_bounds[1:]), block.need)]
+    first = sparse_kernels._spmm_tiles(block, a.data, (own,), None, parts[own])
+    kept = first.copy()
+    rest = tuple(j for j in range(len(parts)) if j != own)
+    got = sparse_kernels._spmm_tiles(block, a.data, rest, first, *(parts[j] for j in rest)) if rest else first
+    _bits(first, kept)
+    want = np.zeros((a.shape[0], x.shape[1]), dtype=x.dtype)
+    _sparsetools.csr_matvecs(a.shape[0], a.shape[1], x.shape[1], a.indptr, a.indices, a.data, x.reshape(-1),
+                             want.reshape(-1))
+    if own == 0:
+        _bits(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3 * max(1.0, float(np.abs(want).max())))
+
+
+@settings(max_examples=100, deadline=None)
+@given(scatters(), st.booleans())
+def test_partials_add_onto_a_copy_of_the_own_term(case, whole):
+    """``_add_partials``: the own term's copy plus a partial at its ids (or whole), numpy's bits; the
+    own term itself is left as it was."""
+    start, ids, part = case
+    if whole:
+        ids, part = None, start[::-1].copy()
+    kept = start.copy()
+    want = start.copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        if ids is None:
+            want += part
+        else:
+            want[ids] += part
+        got = sparse_kernels._add_partials(start, (ids,), part)
+    _bits(got, want)
+    _bits(start, kept)
