@@ -6,7 +6,8 @@ its own seed, so the numpy run and any row-block split of the Dask runs see the 
 their losses can be compared.  Each part runs in its own process, so each peak RSS is its own:
 
 * **numpy anchor**: builds the graph, features and targets in memory and trains on the numpy
-  backend; its epoch time, peak RSS and losses are the anchors;
+  backend (polygrad's kernels on every core); its epoch time, peak RSS and losses are the
+  anchors.  The same run on one thread (``POLYGRAD_NUM_THREADS=1``) is reported for context;
 * **shards**: a process writes the graph as edge shards (one file per row block) for 2 and for 3
   row blocks;
 * **dask, 2 workers**: a LocalCluster of 2 worker processes loads GCN's normalised adjacency from
@@ -432,10 +433,10 @@ def child_partitioning(s: dict) -> dict:
     return {"rows": rows}
 
 
-def _spawn(kind: str, s: dict, *args: str) -> dict:
+def _spawn(kind: str, s: dict, *args: str, env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.dask_bench", kind, json.dumps(s), *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parent.parent, env=None if env is None else {**os.environ, **env})
     if out.returncode != 0:
         raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -471,6 +472,8 @@ def run(quick: bool) -> dict:
         return {"rows": [skipped_row("polygrad_dask", section="dask")], "summary": {}}
     s = _sizes(quick)
     anchor = _spawn("numpy", s)
+    # context, not the anchor: numpy on one thread (the anchor runs polygrad's kernels on every core)
+    one_thread = _spawn("numpy", s, env={"POLYGRAD_NUM_THREADS": "1"})
     np_peak = anchor["peak_rss_mb"]
     cap_mb = CAP_SHARE * np_peak
     with tempfile.TemporaryDirectory(prefix="polygrad-shards-") as tmp:
@@ -498,6 +501,7 @@ def run(quick: bool) -> dict:
     per_edge = got["bytes_moved_per_epoch"] / s["edges"]
     rows = [
         {"section": "numpy (1 process)", "epoch_s": round(anchor["epoch_s"], 3), "peak_rss_mb": round(np_peak, 1)},
+        {"section": "numpy (1 process, 1 thread: context)", "epoch_s": round(one_thread["epoch_s"], 3)},
         {"section": "dask (2 workers)", "epoch_s": round(got["epoch_s"], 3),
          "peak_rss_mb": f"workers {got['worker_peak_rss_mb']}, client {round(got['client_peak_rss_mb'], 1)}",
          "moved_mb_per_epoch": round(got["bytes_moved_per_epoch"] / 2**20, 1),
@@ -510,6 +514,8 @@ def run(quick: bool) -> dict:
     ]
     summary = {"nodes": s["nodes"], "edges": s["edges"], "features": s["features"],
                "numpy_epoch_s": anchor["epoch_s"], "dask_epoch_s": got["epoch_s"],
+               "numpy_1_thread_epoch_s": one_thread["epoch_s"],
+               "epoch_ratio_vs_1_thread_numpy": got["epoch_s"] / one_thread["epoch_s"],
                "epoch_ratio": epoch_ratio, "numpy_peak_rss_mb": np_peak,
                "worker_peak_rss_mb": got["worker_peak_rss_mb"], "client_peak_rss_mb": got["client_peak_rss_mb"],
                "worker_peak_ratio": worker_ratio, "client_peak_ratio": client_ratio,

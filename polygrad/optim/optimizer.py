@@ -242,6 +242,14 @@ class Optimizer:
                             batches.setdefault(key, (rule, []))[1].append((leaf, x, g, state))
                             continue
                         new = self._apply_rule(rule, x, g, state)
+                    elif self.elementwise_update and leaf._be.lazy and grad.backend == leaf.backend:
+                        # a lazy backend runs the whole elementwise rule as one task per block
+                        # (Backend.apply_update), not a task per op chained through its scheduler
+                        self.__dict__["_rule_backend"] = leaf._be
+                        try:
+                            new = self._update(x, g, lr, group, state, fast)
+                        finally:
+                            self.__dict__.pop("_rule_backend", None)
                     elif self.elementwise_update:  # large host arrays: in blocks, on polygrad's threads
                         new = update_in_blocks(self._update, x, g, lr, group, state, fast)
                     else:
@@ -330,7 +338,9 @@ class Optimizer:
 
     def _apply_rule(self, rule: Rule, x: Any, g: Any, state: dict) -> Any:
         """``rule`` on one parameter's ``x`` and ``g``: its new value; ``state`` advanced."""
-        out = rule.fn(x, g, *[state[n] for n in rule.reads], *rule.numbers, **rule.attrs)
+        args = (x, g, *[state[n] for n in rule.reads])
+        be = self.__dict__.get("_rule_backend")
+        out = rule.fn(*args, *rule.numbers, **rule.attrs) if be is None else _rule_on(be, rule, args)
         self._advance_state(state)
         for name, array in zip(rule.writes, out[1:]):
             state[name] = array
@@ -535,6 +545,17 @@ class _Numbers:
 def _fast(t: Tensor) -> bool:
     """Whether ``t``'s storage is an array-API array (numpy, cupy) the update can work on directly."""
     return not _is_sparse(t) and hasattr(t.array, "__array_namespace__")
+
+
+def _rule_on(be: Any, rule: Rule, args: tuple) -> tuple:
+    """``rule`` through ``be.apply_update`` on the arrays behind ``args`` (tensors or raw arrays of
+    ``be``), its results in the carrier the arguments came in; op by op where ``be`` declines."""
+    wrap = isinstance(args[0], Tensor)
+    raw = tuple(a.array if isinstance(a, Tensor) else a for a in args)
+    out = be.apply_update(rule.fn, raw, rule.numbers, rule.attrs)
+    if out is None:
+        return rule.fn(*args, *rule.numbers, **rule.attrs)
+    return tuple(Tensor.from_backend(o, be) for o in out) if wrap else tuple(out)
 
 
 def _write(leaf: Tensor, new: Any, fast: bool) -> None:

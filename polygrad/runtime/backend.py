@@ -138,6 +138,14 @@ class Backend:
         """
         return list(arrays)
 
+    def apply_update(self, fn: Callable[..., tuple], arrays: tuple, numbers: tuple, attrs: dict) -> tuple | None:
+        """An optimizer's elementwise update rule, ``fn(*arrays, *numbers, **attrs)`` (a tuple of
+        arrays shaped as ``arrays``, which all have one shape), run as a whole on this backend's
+        arrays, or None: the optimizer then applies it op by op.  A lazy backend may run the rule as
+        one task per block instead of a task per op; its numbers must be those ``fn`` gives.
+        The default is None."""
+        return None
+
     def connect(self, *, scheduler: str | None = None, workers: int | None = None) -> Any:
         """Start or join the cluster a distributed backend runs on (``polygrad demo --workers N``
         / ``--scheduler ADDRESS``); returns an object whose ``close()`` releases it.  Raises

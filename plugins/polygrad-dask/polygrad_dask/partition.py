@@ -215,7 +215,7 @@ class DistributedPattern(Pattern):
         self.partition = partition
 
     @property
-    def nnz(self) -> int:  # type: ignore[override]
+    def nnz(self) -> int:
         return int(sum(self.partition.nnz_chunks))
 
     def _absent(self, what: str) -> Any:
@@ -223,9 +223,9 @@ class DistributedPattern(Pattern):
                            f"workers; {what} would gather the whole graph onto the client (use SpMM, "
                            "SDDMM and segment reductions, which run block by block)")
 
-    indptr = property(lambda self: self._absent("its host indptr"))  # type: ignore[assignment]
-    rows = property(lambda self: self._absent("its host row ids"))  # type: ignore[assignment]
-    cols = property(lambda self: self._absent("its host column ids"))  # type: ignore[assignment]
+    indptr = property(lambda self: self._absent("its host indptr"))
+    rows = property(lambda self: self._absent("its host row ids"))
+    cols = property(lambda self: self._absent("its host column ids"))
 
     def transpose(self) -> tuple:
         return self._absent("a host transpose")

@@ -7,16 +7,18 @@ distinct columns of ``j`` its nonzeros touch (ids kept on ``j``'s worker, comput
 pattern).  Every kernel task on block ``i`` asks for that worker (``cluster.pinned``), so:
 
 * ``spmm``    ``Y_i = A_i @ [X_i | X_j[halo_ij] ...]``: ``j``'s worker gathers the halo rows, only
-  they travel; one scipy product per block
+  they travel; the own tile's product runs while they do, the halo tiles then add onto a copy
+  of it (sparsetools' ``csr_matvecs`` straight into the output)
 * ``spmm_t``  ``Z_j = (A_j.T G_j)[own] + sum_i (A_i.T G_i)[halo_ij]`` added at ``halo_ij`` on ``j``'s
-  worker: only the halo rows of the partial travel
+  worker: only the halo rows of the partial travel; the own term is computed (``csc_matvecs``, no
+  transpose built) while they do
 * ``sddmm``   ``out_i[k] = P_i[row_k] . [Q_i | Q_j[halo_ij] ...][col_k]``: the same gathers
 * ``segment_sum`` / ``segment_max``  one ``reduceat`` per row block on its own values
 
 so the traffic of a product with F columns is ``sum(halo rows) * F * itemsize``, bounded by the
-edge cut (and by the rows of the other blocks), never N.  Partials are added in a fixed order
-(blocks 0, 1, ...), so results are reproducible run to run; they differ from the single-process
-numpy backend only by summation order.
+edge cut (and by the rows of the other blocks), never N.  Terms are added in a fixed order (the
+own block's first, then the others in block order), so results are the same bits run to run; they
+differ from the single-process numpy backend only by summation order.
 """
 from __future__ import annotations
 
@@ -26,11 +28,12 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse import _sparsetools
 
 from polygrad.ir.ops import Op
 
 from . import cluster, memcap
-from .partition import Partition, RowBlock, partition_of
+from .partition import Partition, RowBlock, own_block, partition_of
 
 #: gathered elements per SDDMM chunk (bounds temporaries at O(chunk), as the numpy backend does)
 SDDMM_CHUNK_ELEMENTS = 1 << 16
@@ -45,7 +48,17 @@ def _what(block: RowBlock, label: str) -> str:
 def _take(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The halo rows of ``x`` (on the worker holding ``x``)."""
     memcap.check(f"a halo of {ids.shape[0]} rows", ids.shape[0] * x.itemsize * max(x[:1].size, 1))
-    return x[ids]
+    return np.take(x, ids, axis=0)  # numpy's take copies whole rows: faster than fancy indexing
+
+
+#: dtypes scipy's sparsetools kernels take as they are: products in them run as direct calls that
+#: accumulate into one output; others (float16, ...) go through scipy's matrix products
+_DIRECT = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128, np.int32, np.int64))
+
+
+#: dtypes whose product with one is exact for every value (a complex one times ``inf`` gives a
+#: NaN part): :func:`_add_at` adds through a unit-valued sparse product only for these
+_EXACT_UNIT = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
 
 
 def _tile_matrix(block: RowBlock, j: int, values: np.ndarray, dtype: Any) -> sp.csr_matrix:
@@ -59,6 +72,34 @@ def _live(block: RowBlock) -> list:
     return [j for j in range(len(block.tiles)) if block.starts[j + 1] > block.starts[j]]
 
 
+def _tile_into(block: RowBlock, j: int, values: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """``out += A_ij @ x`` (``x``: tile ``j``'s operand piece, ``out`` C-contiguous, both of
+    ``out``'s dtype).  For sparsetools' dtypes one ``csr_matvecs`` adds each row's products to
+    ``out`` in column order: tile after tile into one output, a row's sum runs over its columns
+    in increasing order, as the numpy backend's CSR product sums it."""
+    t = block.tiles[j]
+    tv = block.tile_values(values, j).astype(out.dtype, copy=False)
+    if out.dtype in _DIRECT and out.shape[1]:
+        x = np.ascontiguousarray(x, dtype=out.dtype)
+        _sparsetools.csr_matvecs(block.rows, x.shape[0], out.shape[1], t.indptr, t.cols, tv, x.reshape(-1),
+                                 out.reshape(-1))
+    else:
+        out += sp.csr_matrix((tv, t.cols, t.indptr), shape=(block.rows, x.shape[0])) @ x.astype(out.dtype, copy=False)
+
+
+def _tile_t_into(block: RowBlock, j: int, values: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """``out += A_ij.T @ g`` (``out``: the rows of tile ``j``'s operand piece, C-contiguous, of
+    ``g``'s dtype): ``csc_matvecs`` on the tile's own CSR arrays adds into ``out`` row block ``i``'s
+    rows in increasing order (no transpose built)."""
+    t = block.tiles[j]
+    tv = block.tile_values(values, j).astype(out.dtype, copy=False)
+    if out.dtype in _DIRECT and out.shape[1]:
+        _sparsetools.csc_matvecs(out.shape[0], block.rows, out.shape[1], t.indptr, t.cols, tv,
+                                 np.ascontiguousarray(g).reshape(-1), out.reshape(-1))
+    else:
+        out += np.asarray(sp.csr_matrix((tv, t.cols, t.indptr), shape=(block.rows, out.shape[0])).T @ g)
+
+
 def _spmm_block(block: RowBlock, values: np.ndarray, *parts: np.ndarray) -> np.ndarray:
     """``sum_j A_ij @ piece_j`` tile by tile, in block order, into one output (no operand is
     concatenated: a worker holds its pieces and one output, not a copy of them all)."""
@@ -67,18 +108,42 @@ def _spmm_block(block: RowBlock, values: np.ndarray, *parts: np.ndarray) -> np.n
     memcap.check(_what(block, "an SpMM result"), 2 * block.rows * f * dtype.itemsize)
     out = np.zeros((block.rows, f), dtype=dtype)
     for j in _live(block):
-        out += _tile_matrix(block, j, values, dtype) @ parts[j].astype(dtype, copy=False)
+        _tile_into(block, j, values, parts[j], out)
     return out
 
 
-def _spmm_t_block(block: RowBlock, values: np.ndarray, g: np.ndarray) -> tuple:
-    """``A_ij.T @ G_i`` for every column block ``j`` (rows: its operand piece, own or halo)."""
+def _spmm_tiles(block: RowBlock, values: np.ndarray, tiles: tuple, start: np.ndarray | None,
+                *parts: np.ndarray) -> np.ndarray:
+    """``start + sum_j A_ij @ part_j`` over the column blocks ``tiles`` (in that order), into a
+    copy of ``start`` (a zero output when None).  The own tile runs first, from zero, while the
+    halo rows are still on their way; the halo tiles then add onto a copy of it."""
+    f = parts[0].shape[1]
+    dtype = np.result_type(values.dtype, *(p.dtype for p in parts))
+    memcap.check(_what(block, "an SpMM result"), 2 * block.rows * f * dtype.itemsize)
+    out = np.zeros((block.rows, f), dtype=dtype) if start is None else np.array(start, dtype=dtype, order="C")
+    for j, part in zip(tiles, parts):
+        if block.starts[j + 1] > block.starts[j]:
+            _tile_into(block, j, values, part, out)
+    return out
+
+
+def _spmm_t_halo(block: RowBlock, values: np.ndarray, g: np.ndarray, own: int | None) -> tuple:
+    """``A_ij.T @ G_i`` for every column block ``j`` but ``own`` (rows: its operand piece, whole or
+    halo), each from zero; ``None`` for ``own`` (added on its worker by :func:`_assemble`)."""
     dtype = np.result_type(values.dtype, g.dtype)
-    width = sum(count for _, count in block.segments)
+    width = sum(count for j, (_, count) in enumerate(block.segments) if j != own)
     memcap.check(_what(block, "a transposed SpMM partial"), width * g.shape[1] * dtype.itemsize)
-    g = g.astype(dtype, copy=False)
-    return tuple(np.asarray(_tile_matrix(block, j, values, dtype).T @ g) if block.starts[j + 1] > block.starts[j]
-                 else np.zeros((count, g.shape[1]), dtype=dtype) for j, (_, count) in enumerate(block.segments))
+    g = np.ascontiguousarray(g, dtype=dtype)
+    out: list[np.ndarray | None] = []
+    for j, (_, count) in enumerate(block.segments):
+        if j == own:
+            out.append(None)
+            continue
+        part = np.zeros((count, g.shape[1]), dtype=dtype)
+        if block.starts[j + 1] > block.starts[j]:
+            _tile_t_into(block, j, values, g, part)
+        out.append(part)
+    return tuple(out)
 
 
 def _rows_of(partials: tuple, j: int) -> np.ndarray:
@@ -86,16 +151,56 @@ def _rows_of(partials: tuple, j: int) -> np.ndarray:
     return partials[j]
 
 
-def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: np.ndarray) -> np.ndarray:
-    """Column block ``j`` of ``A.T @ G``: the partials of every row block, added in block order
-    (whole blocks directly, halos at their ids: ids are distinct, so fancy ``+=`` is exact)."""
+#: an :func:`_assemble` piece computed in place: the own tile of the row block on the same worker
+OWN = "own"
+
+
+def _add_at(out: np.ndarray, ids: np.ndarray, part: np.ndarray) -> None:
+    """``out[ids] += part`` for distinct ``ids`` (each row gets one exact addition): for
+    sparsetools' dtypes a ``csc_matvecs`` with one unit entry per row, which adds row by row
+    without numpy's fancy-index gather and scatter passes."""
+    if out.dtype in _EXACT_UNIT and out.shape[1] and part.dtype == out.dtype:
+        ptr = np.arange(ids.shape[0] + 1, dtype=ids.dtype)
+        _sparsetools.csc_matvecs(out.shape[0], ids.shape[0], out.shape[1], ptr, ids,
+                                 np.ones(ids.shape[0], dtype=out.dtype), np.ascontiguousarray(part).reshape(-1),
+                                 out.reshape(-1))
+    else:
+        out[ids] += part
+
+
+def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: Any) -> np.ndarray:
+    """Column block ``j`` of ``A.T @ G``: the contributions of every row block, added in block
+    order into one output -- a partial from another worker whole or at its halo ids (distinct
+    ids: one exact addition per row), or (``ids[k] is OWN``) the own row block's tile, whose
+    three arguments ``(block, values, g)`` are on this worker and whose products go straight
+    into the output (no partial of its own: one pass, one array fewer)."""
     memcap.check(f"a transposed SpMM block of shape {shape}", int(np.prod(shape)) * np.dtype(dtype).itemsize)
     out = np.zeros(shape, dtype=dtype)
+    args = iter(parts)
+    for where in ids:
+        if isinstance(where, tuple) and where[0] == OWN:
+            block, values, g = next(args), next(args), next(args)
+            if block.starts[where[1] + 1] > block.starts[where[1]]:
+                _tile_t_into(block, where[1], values, np.ascontiguousarray(g, dtype=out.dtype), out)
+            continue
+        part = next(args)
+        if where is None:
+            out += part
+        else:
+            _add_at(out, where, part.astype(out.dtype, copy=False))
+    return out
+
+
+def _add_partials(start: np.ndarray, ids: tuple, *parts: np.ndarray) -> np.ndarray:
+    """A copy of ``start`` (the own tile's transposed product, already on this worker) with the
+    other row blocks' partials added in block order, whole or at their halo ids."""
+    memcap.check(f"a transposed SpMM block of shape {start.shape}", start.nbytes)
+    out = np.array(start, order="C")
     for where, part in zip(ids, parts):
         if where is None:
             out += part
         else:
-            out[where] += part
+            _add_at(out, where, part.astype(out.dtype, copy=False))
     return out
 
 
@@ -183,33 +288,55 @@ def spmm_partition(part: Partition, values: da.Array, x: da.Array) -> da.Array:
     out = []
     for i, block in enumerate(part.blocks):
         parts = _operand_parts(part, i, xb, x)
+        own = own_block(part, i)
+        fetched = [j for j, (_, count) in enumerate(part.segments[i]) if count and j != own]
         with cluster.pinned(i):
-            out.append(_d(_spmm_block)(block, vb[i], *parts))
+            if own is None or not part.segments[i][own][1] or not fetched:
+                out.append(_d(_spmm_block)(block, vb[i], *parts))
+                continue
+            # the own tile first (its operand is here), overlapping the halo's transfer; then the rest
+            first = _d(_spmm_tiles)(block, vb[i], (own,), None, parts[own])
+            out.append(_d(_spmm_tiles)(block, vb[i], tuple(fetched), first, *(parts[j] for j in fetched)))
     return _stack(out, [(r, f) for r in part.row_chunks], dtype)
 
 
 def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array:
-    """``A.T @ G`` (G 2-D) from A's own blocks, rows chunked as A's column blocks."""
+    """``A.T @ G`` (G 2-D) from A's own blocks, rows chunked as A's column blocks: each row block's
+    partials for the other column blocks on its worker; per column block ``j``, on ``j``'s worker,
+    the own row block's term (which needs nothing from elsewhere), then a copy of it with the
+    other partials added in row-block order."""
     dtype = np.result_type(values.dtype, g.dtype)
     f = g.shape[1]
     vb = _blocks(values, part.nnz_chunks)
     gb = _blocks(g, part.row_chunks)
-    partials = []
+    partials: dict = {}
     for i, block in enumerate(part.blocks):
-        with cluster.pinned(i):
-            partials.append(_d(_spmm_t_block)(block, vb[i], gb[i]))
+        own = own_block(part, i)
+        if any(count for j, (_, count) in enumerate(part.segments[i]) if j != own):
+            with cluster.pinned(i):
+                partials[i] = _d(_spmm_t_halo)(block, vb[i], gb[i], own)
     out = []
     for j, cols in enumerate(part.col_chunks):
-        ids, pieces = [], []
+        ids: list = []
+        pieces: list = []
+        mine = None
         for i in range(len(part.blocks)):
             _, count = part.segments[i][j]
             if not count:
+                continue
+            if own_block(part, i) == j:
+                mine = i
                 continue
             with cluster.pinned(i):
                 pieces.append(_d(_rows_of)(partials[i], j))
             ids.append(part.needs.get((i, j)))
         with cluster.pinned(j):
-            out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
+            if mine is None:
+                out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
+                continue
+            # the own tile first (everything it reads is here), overlapping the partials' transfer
+            first = _d(_assemble)((cols, f), dtype, ((OWN, j),), part.blocks[mine], vb[mine], gb[mine])
+            out.append(_d(_add_partials)(first, tuple(ids), *pieces) if pieces else first)
     return _stack(out, [(c, f) for c in part.col_chunks], dtype)
 
 
