@@ -243,7 +243,8 @@ def child_numpy(s: dict) -> dict:
         del ei
         x = pg.tensor(features_rows(0, s["nodes"], s["features"]))
         seconds, losses = _train(x, adj, pg.tensor(targets_rows(0, s["nodes"])), s["epochs"])
-    return {"epoch_s": float(np.median(seconds)), "peak_rss_mb": _peak_rss_mb(), "losses": losses}
+    return {"epoch_s": float(np.median(seconds)), "peak_rss_mb": _peak_rss_mb(), "losses": losses,
+            "threads": pg.get_num_threads()}
 
 
 def _worker_stats(dask_worker=None) -> dict:
@@ -500,8 +501,10 @@ def run(quick: bool) -> dict:
     epoch_ratio = got["epoch_s"] / anchor["epoch_s"]
     per_edge = got["bytes_moved_per_epoch"] / s["edges"]
     rows = [
-        {"section": "numpy (1 process)", "epoch_s": round(anchor["epoch_s"], 3), "peak_rss_mb": round(np_peak, 1)},
-        {"section": "numpy (1 process, 1 thread: context)", "epoch_s": round(one_thread["epoch_s"], 3)},
+        {"section": f"numpy (1 process, {anchor['threads']} threads)", "epoch_s": round(anchor["epoch_s"], 3),
+         "peak_rss_mb": round(np_peak, 1)},
+        {"section": f"numpy (1 process, {one_thread['threads']} thread: context)",
+         "epoch_s": round(one_thread["epoch_s"], 3)},
         {"section": "dask (2 workers)", "epoch_s": round(got["epoch_s"], 3),
          "peak_rss_mb": f"workers {got['worker_peak_rss_mb']}, client {round(got['client_peak_rss_mb'], 1)}",
          "moved_mb_per_epoch": round(got["bytes_moved_per_epoch"] / 2**20, 1),

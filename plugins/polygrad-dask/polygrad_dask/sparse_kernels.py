@@ -30,6 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import _sparsetools
 
+from polygrad.ir.errors import ShapeError
 from polygrad.ir.ops import Op
 
 from . import cluster, memcap
@@ -72,14 +73,30 @@ def _live(block: RowBlock) -> list:
     return [j for j in range(len(block.tiles)) if block.starts[j + 1] > block.starts[j]]
 
 
+def _check_tile(block: RowBlock, j: int, tv: np.ndarray, piece: tuple, piece_rows: int, label: str,
+                out: np.ndarray) -> None:
+    """Raise a ShapeError unless tile ``j``'s values and the operand ``piece`` (its shape) fit the
+    tile and ``out``: sparsetools checks no bounds, so a chunk whose real shape differs from the one
+    dask was told (``from_delayed``, a faulty upstream op) would read past an array's end, where
+    scipy's matrix product used to raise."""
+    t = block.tiles[j]
+    want = (piece_rows, out.shape[1])
+    if tv.shape[0] != t.cols.shape[0] or tuple(piece) != want:
+        raise ShapeError(f"backend 'dask': {label} of {_what(block, 'tile ' + str(j))}: {tv.shape[0]} values for "
+                         f"{t.cols.shape[0]} nonzeros, operand {tuple(piece)} where {want} fits")
+
+
 def _tile_into(block: RowBlock, j: int, values: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """``out += A_ij @ x`` (``x``: tile ``j``'s operand piece, ``out`` C-contiguous, both of
     ``out``'s dtype).  For sparsetools' dtypes one ``csr_matvecs`` adds each row's products to
-    ``out`` in column order: tile after tile into one output, a row's sum runs over its columns
-    in increasing order, as the numpy backend's CSR product sums it."""
+    ``out`` in column order.  Tiles added in block order from zero (:func:`_spmm_block`) sum a row
+    over its columns in increasing order, as the numpy backend's CSR product does; the cluster's
+    SpMM runs the own tile first (:func:`_spmm_tiles`), so only row block 0 keeps those bits and
+    the other blocks differ from numpy by summation order."""
     t = block.tiles[j]
     tv = block.tile_values(values, j).astype(out.dtype, copy=False)
     if out.dtype in _DIRECT and out.shape[1]:
+        _check_tile(block, j, tv, x.shape, block.segments[j][1], "an SpMM", out)
         x = np.ascontiguousarray(x, dtype=out.dtype)
         _sparsetools.csr_matvecs(block.rows, x.shape[0], out.shape[1], t.indptr, t.cols, tv, x.reshape(-1),
                                  out.reshape(-1))
@@ -94,6 +111,10 @@ def _tile_t_into(block: RowBlock, j: int, values: np.ndarray, g: np.ndarray, out
     t = block.tiles[j]
     tv = block.tile_values(values, j).astype(out.dtype, copy=False)
     if out.dtype in _DIRECT and out.shape[1]:
+        _check_tile(block, j, tv, g.shape, block.rows, "a transposed SpMM", out)
+        if out.shape[0] != block.segments[j][1]:
+            raise ShapeError(f"backend 'dask': a transposed SpMM of {_what(block, 'tile ' + str(j))}: an output of "
+                             f"{out.shape[0]} rows for a column block of {block.segments[j][1]}")
         _sparsetools.csc_matvecs(out.shape[0], block.rows, out.shape[1], t.indptr, t.cols, tv,
                                  np.ascontiguousarray(g).reshape(-1), out.reshape(-1))
     else:
@@ -156,10 +177,15 @@ OWN = "own"
 
 
 def _add_at(out: np.ndarray, ids: np.ndarray, part: np.ndarray) -> None:
-    """``out[ids] += part`` for distinct ``ids`` (each row gets one exact addition): for
+    """``out[ids] += part`` for distinct ``ids`` (each row gets one exact addition; where both
+    operands are NaN, sparsetools keeps ``part``'s NaN and numpy ``out``'s: the sign and payload of
+    a NaN may differ, never whether it is one): for
     sparsetools' dtypes a ``csc_matvecs`` with one unit entry per row, which adds row by row
     without numpy's fancy-index gather and scatter passes."""
     if out.dtype in _EXACT_UNIT and out.shape[1] and part.dtype == out.dtype:
+        if part.shape != (ids.shape[0], out.shape[1]):  # (the ids are the partition's own, checked when built)
+            raise ShapeError(f"backend 'dask': adding a halo partial of shape {part.shape} at {ids.shape[0]} rows "
+                             f"of a block of shape {out.shape}")
         ptr = np.arange(ids.shape[0] + 1, dtype=ids.dtype)
         _sparsetools.csc_matvecs(out.shape[0], ids.shape[0], out.shape[1], ptr, ids,
                                  np.ones(ids.shape[0], dtype=out.dtype), np.ascontiguousarray(part).reshape(-1),

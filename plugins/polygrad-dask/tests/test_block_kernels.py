@@ -3,8 +3,11 @@ bit for bit (no cluster: pure functions on one row block).
 
 The forward product of a row block adds tile after tile into one output with ``csr_matvecs``: each
 row's sum runs over its columns in increasing order, so it is exactly the serial CSR product of the
-whole rows (what the numpy backend computes).  A halo partial is added at its ids through a
-unit-valued sparse product: one exact addition per row, the bits of ``out[ids] += part``.
+whole rows (what the numpy backend computes).  (The cluster's SpMM runs the own tile first while the
+halo travels, so there only row block 0 keeps those bits.)  A halo partial is added at its ids
+through a unit-valued sparse product: one exact addition per row, the bits of ``out[ids] += part``
+(where both operands are NaN, whichever NaN's sign and payload).  A chunk of the wrong shape is a
+ShapeError, never a read past an array's end.
 """
 from __future__ import annotations
 
@@ -164,3 +167,23 @@ def test_partials_add_onto_a_copy_of_the_own_term(case, whole):
         got = sparse_kernels._add_partials(start, (ids,), part)
     _bits(got, want)
     _bits(start, kept)
+
+
+def test_a_chunk_of_the_wrong_shape_is_a_shape_error():
+    """sparsetools reads as far as it is told: short values, a short operand piece, a gradient or a
+    partial of the wrong shape must raise before the call (scipy's product used to)."""
+    from polygrad.errors import ShapeError
+
+    a = sp.random(6, 6, density=0.5, format="csr", random_state=1, dtype=np.float64)
+    a.sort_indices()
+    block = build_block(a.indptr, a.indices, (0, 6), 0, None)
+    x = np.ones((6, 2))
+    with pytest.raises(ShapeError, match="nonzeros"):
+        sparse_kernels._spmm_block(block, a.data[:-1], x)
+    with pytest.raises(ShapeError, match="operand"):
+        sparse_kernels._spmm_block(block, a.data, x[:3])
+    with pytest.raises(ShapeError, match="operand"):
+        sparse_kernels._spmm_t_halo(block, a.data, np.ones((4, 2)), None)
+    out = np.zeros((5, 2))
+    with pytest.raises(ShapeError, match="halo partial"):
+        sparse_kernels._add_at(out, np.array([0, 2]), np.ones((3, 2)))
