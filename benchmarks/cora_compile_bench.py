@@ -23,7 +23,8 @@ faults: what the per-process state does to both sides cancels in each pair, whic
 change's effect from the draw of a process.
 
 ``--baseline DIR`` adds a second checkout (its ``polygrad`` and ``backends`` imported from DIR
-through ``PYTHONPATH``), interleaved in the same rounds: a change's eager epoch is compared with
+through ``PYTHONPATH``, its processes run in DIR: ``python -m`` puts the working folder ahead of
+``PYTHONPATH``), interleaved in the same rounds: a change's eager epoch is compared with
 the baseline's eager epoch measured in the same minutes (an eager slow-down would flatter the ratio).
 
 ``python -m benchmarks cora_compile [--pairs 6] [--epochs 200] [--data DIR] [--baseline DIR] [--in-process]``
@@ -90,13 +91,30 @@ def _options(parser: argparse.ArgumentParser) -> None:
                         help="alternate compiled and eager runs inside this process instead")
 
 
+def demo_process(tree: str | None, cwd: str | None) -> tuple[dict[str, str], str | None]:
+    """(environment, working folder) of a demo process that imports ``polygrad`` from ``tree``
+    (None: the one this interpreter finds).  ``python -m`` puts its working folder first on
+    ``sys.path``, ahead of ``PYTHONPATH``: run from a checkout, the baseline's process imported
+    that checkout's polygrad, so both sides measured one tree.  A baseline process therefore runs
+    in its own tree unless ``cwd`` is given, and a ``cwd`` holding another polygrad is refused."""
+    env = dict(os.environ)
+    if tree is None:
+        return env, cwd
+    env["PYTHONPATH"] = os.pathsep.join([p for p in (tree, env.get("PYTHONPATH")) if p])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it is
+    if cwd is None:
+        return env, tree
+    shadow = os.path.join(cwd, "polygrad")
+    if os.path.isdir(shadow) and os.path.realpath(shadow) != os.path.realpath(os.path.join(tree, "polygrad")):
+        raise SystemExit(f"cora_compile: --cwd {cwd} holds its own polygrad, which the baseline's "
+                         f"process would import instead of {tree}'s")
+    return env, cwd
+
+
 def run_demo(data: str, compiled: bool, epochs: int, tree: str | None = None, cwd: str | None = None) -> dict[str, Any]:
     """One fresh process of ``python -m polygrad demo gcn ... --json``: its JSON result, with the
     process's minor page faults (thousands), CPU seconds, last CPU and involuntary switches."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([p for p in (tree, env.get("PYTHONPATH")) if p])
-        env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it is
+    env, cwd = demo_process(tree, cwd)
     argv = [sys.executable, "-m", "polygrad", "demo", "gcn", "--data", data, "--json", "--no-progress",
             "--epochs", str(epochs), "--compile" if compiled else "--no-compile"]
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -175,3 +175,68 @@ def test_a_non_finite_first_loss_raises_before_the_step_in_pure_mode_too():
         return [observed(model.parameters()), opt.step_count, sorted(len(s) for s in opt.state.values())]
 
     assert_bitwise(run("pure"), run(False))
+
+
+# -- pure mode's checkpoints held by reference (polygrad.apps.train._HeldSnapshot) ---------------------
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases)
+def test_pure_modes_held_checkpoints_equal_its_copied_ones_bit_for_bit(case):
+    """The fast path against the one it replaces: pure mode with its checkpoints held by reference
+    (copied only when a rollback loads one) and with every checkpoint copied as before."""
+    import pytest
+
+    import polygrad.apps.train as train
+
+    held = list(_run(case, "pure"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "_only_parameters", lambda model, optimizer: False)
+        copied = list(_run(case, "pure"))
+    assert_bitwise(held, copied)
+
+
+def _writing_run(compile: Any, unused: bool) -> list:
+    """Adam with rollbacks on every rise, and a callback that writes into every parameter's live
+    array after each epoch (in place); ``unused``: one parameter never gets a gradient, so the
+    optimizer leaves its array live -- a checkpoint must copy it, not hold it."""
+    rng = np.random.default_rng(3)
+    x = pg.tensor(rng.normal(size=(12, 3)))
+    y = pg.tensor(rng.normal(size=(12, 1)))
+    pg.manual_seed(0)
+    model = nn.MLP(3, [4, 1], dtype=pg.float64)
+    if unused:
+        setattr(model, "idle", pg.tensor(rng.normal(size=(2, 2)), requires_grad=True))
+    opt = optim.Adam(model.parameters(), lr=0.5)
+    loads: list[int] = []
+
+    def write_in_place(rec: Any) -> None:
+        for p in model.parameters():
+            p._data *= 1.5  # the live array, in place: a held checkpoint must not see it
+        loads.append(int(rec.rolled_back))
+
+    history = fit(model, opt, lambda: ((model(x) - y) ** 2).mean(), 12, rollback_threshold=0.0,
+                  max_rollbacks=8, callback=write_in_place, compile=compile)
+    assert history.rollbacks > 0  # the case drives rollbacks, which load the checkpoints
+    state = opt.state_dict()
+    return [[(r.loss, r.lr, r.rolled_back) for r in history.records], observed(model.parameters()),
+            [observed(list(st.values())) for _, st in sorted(state["state"].items())], loads]
+
+
+def test_held_checkpoints_ignore_writes_into_live_parameters_and_copy_what_stays_live(monkeypatch):
+    """A callback writing into the parameters in place changes only live arrays: the held ones are
+    those the step replaced; a parameter without a gradient keeps its array live, so that epoch's
+    checkpoint is copied (``_holdable``).  Both as eager, bit for bit, and the held path is taken."""
+    import polygrad.apps.train as train
+
+    held: list[bool] = []
+    real = train._holdable
+
+    def spy(*args: Any) -> bool:
+        held.append(real(*args))
+        return held[-1]
+
+    monkeypatch.setattr(train, "_holdable", spy)
+    for unused in (False, True):
+        held.clear()
+        assert_bitwise(_writing_run("pure", unused), _writing_run(False, unused))
+        assert held and any(held) is not unused  # held where every array was replaced, else copied
