@@ -27,6 +27,7 @@ class LazyBackend(pg.Backend):
     def __init__(self):
         super().__init__()
         self.calls: list[int] = []
+        registry.load()  # the numpy backend's kernels: this may run before anything loaded the registry
         self.kernels = {key: self._wrap(fn) for key, fn in registry.tables["numpy"].items()}
 
     def _wrap(self, fn):
