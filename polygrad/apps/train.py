@@ -22,6 +22,7 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.runtime.backend import shares_arrays
+from polygrad.runtime import sharing
 from polygrad.runtime.heap import keep_heap_top
 from polygrad.compile import Compiled
 from polygrad.ir.errors import NonFiniteError
@@ -140,14 +141,20 @@ def _only_parameters(model: Module, optimizer: Optimizer) -> bool:
 def _holdable(undo: _StepUndo, optimizer: Optimizer) -> bool:
     """Whether this epoch's step replaced every array its undo holds (each parameter's and each
     state array): a parameter without a gradient keeps its array live, which a callback or the
-    user could write into, so that epoch's checkpoint is copied as in the eager loop."""
-    if any(leaf._data is data for leaf, data in undo.storage):
+    user could write into, so that epoch's checkpoint is copied as in the eager loop.  So is one
+    whose held arrays include memory the user can write (``Tensor.numpy()``, ``pg.from_numpy``,
+    ``update_`` keeping the caller's array: marked by :mod:`polygrad.runtime.sharing`), even though
+    the step replaced it: an edit through the user's reference would change the checkpoint."""
+    if any(leaf._data is data or sharing.is_shared(data) for leaf, data in undo.storage):
         return False
     live = optimizer.state
     for key, held in undo.state.items():
         now = live.get(key, {})
-        if any(not isinstance(v, _IMMUTABLE) and now.get(name) is v for name, v in held.items()):
-            return False
+        for name, v in held.items():
+            if isinstance(v, _IMMUTABLE):
+                continue
+            if now.get(name) is v or sharing.is_shared(v._data if isinstance(v, Tensor) else v):
+                return False
     return True
 
 
