@@ -15,9 +15,7 @@ from typing import Any
 
 import dask
 import dask.array as da
-from dask.array.optimization import optimize_blockwise
 from dask.core import flatten
-from dask.highlevelgraph import HighLevelGraph
 import numpy as np
 
 import polygrad as pg
@@ -195,26 +193,9 @@ def _persist(client: Any, arrays: list) -> list:
     computed on row block ``i``'s worker, where the pattern's block ``i`` lives
     (``cluster.row_placement``): features and activations stay beside the graph rows they meet,
     and no step moves them.  dask's own optimisation is off, since its low-level fusion renames
-    tasks and drops their placement; chains of elementwise ops are fused (:func:`_fuse_blockwise`)."""
-    arrays = _fuse_blockwise(arrays)
+    tasks and drops their placement."""
     with cluster.row_placement(arrays, chunks.partitions, client):
         return client.persist(arrays, optimize_graph=False)
-
-
-def _fuse_blockwise(arrays: list) -> list:
-    """``arrays`` over one graph whose chains of blockwise layers (elementwise ops, broadcasts,
-    transposes) are fused into one task per block (dask's high-level ``optimize_blockwise``),
-    culled to what ``arrays`` need.  A step's graph is a long chain of small tasks (a cross-entropy
-    is a dozen elementwise ops) and each dependent task waits for a scheduler hop: fused, a block
-    runs the same numpy functions on the same block in one task (the same bits).  Fused keys keep
-    the last layer's name and block indices, so row placement still pins them."""
-    lazy = [a for a in arrays if isinstance(a, da.Array)]
-    if not lazy:
-        return arrays
-    keys = list(flatten([a.__dask_keys__() for a in lazy]))
-    graph = HighLevelGraph.merge(*[a.__dask_graph__() for a in lazy])
-    graph = optimize_blockwise(graph, keys=keys).cull(set(keys))
-    return [da.Array(graph, a.name, a.chunks, meta=a._meta) if isinstance(a, da.Array) else a for a in arrays]
 
 
 def _futures_of(array: Any) -> list:
