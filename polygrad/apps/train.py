@@ -262,6 +262,33 @@ def _compiled_update(optimizer: Optimizer) -> Compiled:
     return pg.compile(update, pure=True)
 
 
+def _steps_ahead(optimizer: Optimizer) -> bool:
+    """Whether fit runs ``optimizer``'s step before reading the loss, undone where the eager loop
+    would not have stepped: on a lazy backend (``Backend.lazy``), for an optimizer that replaces
+    its arrays (:func:`_replaces_arrays`, so :class:`_StepUndo` is its undo)."""
+    return _replaces_arrays(optimizer) and any(
+        (p.values if is_sparse(p) else p)._be.lazy for p in optimizer._params())
+
+
+def _step_ahead(optimizer: Optimizer, loss: Tensor) -> _StepUndo:
+    """On a lazy backend, the optimizer's step built on the gradients' task graph, and the loss,
+    the gradients and the new parameters and state materialised together: one submission (one
+    scheduler round trip) per epoch where reading the loss, then stepping, made four.  The step
+    is taken before fit knows the loss, so it returns the step's undo: fit restores it (the
+    parameters and state from before the step, still held, bit for bit) where the eager loop
+    would not have stepped.  A failed materialisation restores it too, then raises."""
+    undo = _StepUndo(optimizer)
+    grads = [p.grad for p in optimizer._params()]
+    try:
+        with optimizer.deferred_materialize() as pending:
+            optimizer.step()
+        pg.materialize(loss, *grads, *pending)
+    except BaseException:
+        undo.restore()
+        raise
+    return undo
+
+
 def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs: int, *,
         rollback_threshold: float | None = 0.05, lr_decay: float = 0.5, max_rollbacks: int = 10,
         checkpoint_every: int = 1, checkpoint_path: Any = None,
@@ -317,6 +344,7 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     model.train()
     for epoch in range(epochs):
         t0 = time.perf_counter()
+        undo = None  # this epoch's step's undo, where the step runs before the loss is read
         if step is not None:
             if inside:  # what the eager loop reads before its step, and the step's undo
                 lr = optimizer.current_lr()
@@ -334,9 +362,13 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                 optimizer.zero_grad()
                 loss.backward()
                 backward_done = True
-            pg.materialize(loss, *(p.grad for p in optimizer._params()))
+            if not inside and _steps_ahead(optimizer):  # the step joins the loss's graph: one submission
+                lr = optimizer.current_lr()
+                undo = _step_ahead(optimizer, loss)
+            else:
+                pg.materialize(loss, *(p.grad for p in optimizer._params()))
         value = float(loss.item())
-        if not inside:
+        if not inside and undo is None:
             lr = optimizer.current_lr()
         rise_too_big = (good is not None and rollback_threshold is not None
                         and value - good.loss > rollback_threshold * abs(good.loss) and value - good.loss > 1e-12)
@@ -381,7 +413,7 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
             if not backward_done:
                 optimizer.zero_grad()
                 loss.backward()
-            if not inside:
+            if not inside and undo is None:
                 update()
             record = EpochRecord(epoch, epochs, value, lr, False, time.perf_counter() - t0, metrics)
         history.records.append(record)

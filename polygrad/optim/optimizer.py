@@ -16,9 +16,10 @@ pattern never changes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -257,7 +258,10 @@ class Optimizer:
                     _write(leaf, new, fast)
             for rule, members in batches.values():
                 self._update_together(rule, members)
-        if undo is not None:
+        pending = self.__dict__.get("_pending")
+        if undo is not None and pending is not None:
+            pending.extend(self._step_results())  # the caller materialises them (and undoes a failure)
+        elif undo is not None:
             try:
                 self._materialize()
             except BaseException:
@@ -322,13 +326,36 @@ class Optimizer:
                 t._data = data
         return undo
 
-    def _materialize(self) -> None:
-        """On lazy backends (``Backend.lazy``), compute the new parameters and state once per step,
-        so their task graphs do not grow step after step (``Backend.materialize``)."""
+    def _step_results(self) -> list[Tensor]:
+        """Every parameter's leaf and every state tensor: what a step on a lazy backend leaves as
+        pending work (:meth:`_materialize`)."""
         leaves = [(p, _leaf_of(p)) for p in self._params()]
         state_tensors = [v for p, _ in leaves for v in self.state.get(id(p), {}).values()
                          if isinstance(v, Tensor)]
-        pg.materialize(*(leaf for _, leaf in leaves), *state_tensors)
+        return [leaf for _, leaf in leaves] + state_tensors
+
+    def _materialize(self) -> None:
+        """On lazy backends (``Backend.lazy``), compute the new parameters and state once per step,
+        so their task graphs do not grow step after step (``Backend.materialize``)."""
+        pg.materialize(*self._step_results())
+
+    @contextlib.contextmanager
+    def deferred_materialize(self) -> Iterator[list[Tensor]]:
+        """Within it, a ``step()`` on a lazy backend does not materialise its new parameters and
+        state: it appends them to the yielded list, for the caller to materialise together with
+        its own tensors in one submission (``fit``: the loss, the gradients and the step's results
+        as one task graph, one scheduler round trip per step instead of four).  The caller then
+        owns what ``step()`` does on a failed materialisation: putting back the parameters and
+        state from before the step (``fit`` holds them: ``_StepUndo``).  On eager backends the
+        list stays empty."""
+        if "_pending" in self.__dict__:
+            raise RuntimeError(f"{type(self).__name__}.deferred_materialize is not re-entrant")
+        pending: list[Tensor] = []
+        self.__dict__["_pending"] = pending
+        try:
+            yield pending
+        finally:
+            self.__dict__.pop("_pending", None)
 
     def _update(self, x: Any, g: Any, lr: float, group: ParamGroup, state: dict, fast: bool) -> Any:
         """New value of one parameter from its value ``x`` and gradient ``g`` (same carrier): its

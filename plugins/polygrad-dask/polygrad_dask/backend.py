@@ -109,6 +109,10 @@ class DaskBackend(pg.Backend):
                 # nothing of it lives on a cluster and none runs: compute it here rather than start
                 # one (pg.list_backends() probes to_numpy: listing backends must start nothing)
                 return np.asarray(_quiet(lambda: array.compute(scheduler="sync")))
+            if array.npartitions == 1 and _persisted(array):
+                # one computed chunk (fit's loss after its step's materialisation): fetch it, with
+                # no graph to build and submit
+                return np.asarray(self.client().gather(_futures_of(array)[0])).reshape(array.shape)
             return np.asarray(_quiet(lambda: self.client().compute(array).result()))
         return np.asarray(array)
 

@@ -355,3 +355,115 @@ def test_a_bad_order_is_a_data_error(client, tmp_path):
         polygrad_dask.node_order(where)
     polygrad_dask.write_edge_shards(ei, n, where, partitions=2)      # rewritten without: no stale order
     assert polygrad_dask.node_order(where) is None and not (where / "order.npy").exists()
+
+
+# -- fit: one submission per epoch, the step taken before the loss is read ------------------------
+
+def _counted_fit(backend, ei, feats, labels, epochs, scales=None, threshold=None):
+    """fit of the GCN on ``backend`` with the loss multiplied by ``scales[epoch]`` (a NaN, a rise):
+    the history (or the NonFiniteError), the parameters and Adam's state at the end, the
+    parameters after each epoch, and how many ``Client.persist`` / ``Client.compute`` calls each
+    epoch made."""
+    from distributed import Client
+
+    calls = {"persist": 0, "compute": 0}
+    per_epoch: list = []
+    after: list = []
+    saved = Client.persist, Client.compute
+
+    def counting(name, real):
+        def call(self, *args, **kwargs):
+            calls[name] += 1
+            return real(self, *args, **kwargs)
+        return call
+
+    with pg.use_backend(backend):
+        model = _model(feats.shape[1], int(labels.max()) + 1)
+        opt = optim.Adam(model.parameters(), lr=0.02)
+        x = pg.tensor(feats)
+        pg.materialize(x)
+        after.append([p.numpy() for p in model.parameters()])
+        seen = [0]
+
+        def loss_fn():
+            k = seen[0]
+            seen[0] += 1
+            return nn.cross_entropy(model(x, ei), labels) * (scales or {}).get(k, 1.0)
+
+        def on_epoch(rec):
+            per_epoch.append(dict(calls))
+            after.append([p.numpy() for p in model.parameters()])   # fetched chunks: no persist/compute
+            calls.update(persist=0, compute=0)
+
+        Client.persist, Client.compute = counting("persist", saved[0]), counting("compute", saved[1])
+        try:
+            history = fit(model, opt, loss_fn, epochs, rollback_threshold=threshold, callback=on_epoch)
+        except pg.errors.NonFiniteError as exc:
+            history = exc
+        finally:
+            Client.persist, Client.compute = saved
+    params = [p.numpy() for p in model.parameters()]
+    state = [v.numpy() for st in opt.state_dict()["state"].values() for v in st.values() if isinstance(v, pg.Tensor)]
+    return history, params, state, after, per_epoch, opt.step_count
+
+
+def _graph_problem():
+    n = 400
+    rng = np.random.default_rng(2)
+    return _block_diagonal(n, 60, seed=5), rng.normal(size=(n, 6)), rng.integers(0, 3, n)
+
+
+def test_fit_epoch_on_dask_is_one_submission_with_numpys_numbers(client):
+    """The loss, the gradients and the optimizer's new parameters and state go to the cluster as
+    one graph per epoch (one ``persist``, no ``compute``: the loss is fetched from its computed
+    chunk), with numpy's losses and parameters."""
+    ei, feats, labels = _graph_problem()
+    want, want_params, _, _, _, _ = _counted_fit("numpy", ei, feats, labels, 4)
+    got, got_params, _, _, per_epoch, _ = _counted_fit("dask", ei, feats, labels, 4)
+    np.testing.assert_allclose(got.losses, want.losses, rtol=1e-9)
+    for a, b in zip(got_params, want_params):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert per_epoch[1:] == [{"persist": 1, "compute": 0}] * 3, per_epoch
+
+
+@pytest.mark.parametrize("scales", [{2: float("nan")}, {1: 5.0, 3: float("inf")}])
+def test_nonfinite_loss_on_dask_rolls_back_exactly(client, monkeypatch, scales):
+    """A NaN/Inf loss or a rise, on Dask: the step submitted with the loss is undone and the
+    checkpoint (the parameters before the previous good epoch's step) restored bit for bit; the
+    run takes numpy's decisions with numpy's numbers, and those of the path it replaces (stepping
+    after reading the loss: several submissions per epoch)."""
+    from polygrad.apps import train
+
+    ei, feats, labels = _graph_problem()
+    want, want_params, want_state, _, _, _ = _counted_fit("numpy", ei, feats, labels, 6, scales, 0.05)
+    got, got_params, got_state, after, per_epoch, _ = _counted_fit("dask", ei, feats, labels, 6, scales, 0.05)
+    with monkeypatch.context() as m:
+        m.setattr(train, "_steps_ahead", lambda optimizer: False)
+        slow, slow_params, slow_state, _, slow_epochs, _ = _counted_fit("dask", ei, feats, labels, 6, scales, 0.05)
+    assert got.rollbacks == want.rollbacks == slow.rollbacks >= 1
+    assert [r.rolled_back for r in got.records] == [r.rolled_back for r in want.records] \
+        == [r.rolled_back for r in slow.records]
+    assert [r.lr for r in got.records] == [r.lr for r in want.records] == [r.lr for r in slow.records]
+    for k, rec in enumerate(got.records):
+        if rec.rolled_back:  # the good checkpoint of epoch k-1 holds the parameters after epoch k-2
+            for a, b in zip(after[k + 1], after[k - 1]):
+                np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(got.losses, want.losses, rtol=1e-9)
+    np.testing.assert_array_equal(got.losses, slow.losses)              # bit for bit
+    for a, b, c in zip(got_params + got_state, slow_params + slow_state, want_params + want_state):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-12)
+    assert all(e["persist"] == 1 for e in per_epoch[1:]), per_epoch
+    # the replaced path: the loss and gradients, then the step (a rolled-back epoch skips the step)
+    assert all(e["persist"] >= 2 for e, r in zip(slow_epochs[1:], slow.records[1:]) if not r.rolled_back), slow_epochs
+
+
+def test_nonfinite_first_loss_on_dask_raises_with_nothing_stepped(client):
+    """A NaN loss before any good checkpoint raises; the step submitted with it is undone: the
+    initial parameters bit for bit, no optimizer state, no step counted."""
+    ei, feats, labels = _graph_problem()
+    got, params, state, after, _, steps = _counted_fit("dask", ei, feats, labels, 3, {0: float("nan")}, 0.05)
+    assert isinstance(got, pg.errors.NonFiniteError)
+    for a, b in zip(params, after[0]):
+        np.testing.assert_array_equal(a, b)
+    assert state == [] and steps == 0
