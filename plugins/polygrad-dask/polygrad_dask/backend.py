@@ -129,9 +129,13 @@ class DaskBackend(pg.Backend):
         if not (isinstance(lead, da.Array) and all(isinstance(a, da.Array) and a.shape == lead.shape
                                                    and a.chunks == lead.chunks for a in arrays)):
             return None
-        # the results' number and dtypes, from the rule on empty blocks
-        probe = fn(*(np.zeros((0,) * a.ndim, dtype=a.dtype) for a in arrays), *numbers, **attrs)
-        if not isinstance(probe, tuple) or any(np.ndim(p) != lead.ndim for p in probe):
+        # the results' number and dtypes, from the rule on empty blocks (a 0-d "empty" block is one
+        # zero: the probe's own arithmetic, say 0/0, must not warn or raise where numpy's step does not)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = fn(*(np.zeros((0,) * a.ndim, dtype=a.dtype) for a in arrays), *numbers, **attrs)
+        if not isinstance(probe, tuple) or any(not isinstance(p, (np.ndarray, np.generic)) or np.ndim(p) != lead.ndim
+                                               for p in probe):
             return None
         blocks = [a.to_delayed(optimize_graph=False) for a in arrays]
         outs: list = [np.empty(blocks[0].shape, dtype=object) for _ in probe]

@@ -228,6 +228,26 @@ def test_optimizer_rules_run_as_one_task_per_block_with_numpys_bits(make, dtype)
     assert len(keys) == sum(len(p.array.chunks[0]) for p in ps) >= 3, keys
 
 
+def test_a_zero_dim_parameter_steps_without_the_probes_warnings():
+    """apply_update learns the rule's outputs from a run on empty blocks; a 0-d block cannot be
+    empty, so the probe computes on one zero (float16 Adam: eps rounds to 0, 0/0): that must not
+    warn where the numpy backend's step does not, nor raise under np.seterr(all="raise")."""
+    import warnings
+
+    got = {}
+    for backend in ("numpy", "dask"):
+        p = pg.tensor(np.float16(0.7), backend=backend, requires_grad=True)
+        opt = optim.Adam([p], lr=0.01)
+        with warnings.catch_warnings(record=True) as caught, np.errstate(all="raise"):
+            warnings.simplefilter("always")
+            for _ in range(2):
+                opt.zero_grad()
+                (p * p).sum().backward()
+                opt.step()
+        got[backend] = (p.numpy().tobytes(), [str(w.message) for w in caught])
+    assert got["dask"] == got["numpy"]
+
+
 def test_edge_shards_are_read_by_workers_and_match_gcn_norm(tmp_path, dask_plugin):
     n = 50
     ei = random_graph(n, 200, seed=8)
