@@ -158,6 +158,13 @@ def _holdable(undo: _StepUndo, optimizer: Optimizer) -> bool:
     return True
 
 
+def _save_checkpoint(good: Any, path: Any) -> None:
+    """Write ``good`` (a copied snapshot: ``hold`` is off with a path) to ``path``, if one is given."""
+    if path is not None:
+        assert isinstance(good, _Snapshot)
+        pg.save({"model": good.model, "optimizer": good.optimizer, "epoch": good.epoch, "loss": good.loss}, path)
+
+
 def _split(out: Any) -> tuple[Tensor, dict[str, Any]]:
     if isinstance(out, tuple):
         if len(out) != 2 or not isinstance(out[1], dict):
@@ -401,13 +408,13 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                 elif undo is not None:  # the state before this epoch's step, as the eager loop snapshots it
                     redo = undo.restore()
                     good = _snapshot(epoch, value, model, optimizer)
+                    # saved before the step is redone: a failing save leaves the state from before
+                    # the step, as the eager loop (which saves, then steps) does
+                    _save_checkpoint(good, checkpoint_path)
                     redo.restore()
                 else:
                     good = _snapshot(epoch, value, model, optimizer)
-                if checkpoint_path is not None:  # never held (``hold`` is off with a path)
-                    assert isinstance(good, _Snapshot)
-                    pg.save({"model": good.model, "optimizer": good.optimizer, "epoch": epoch,
-                             "loss": value}, checkpoint_path)
+                    _save_checkpoint(good, checkpoint_path)
             if value < history.best_loss:
                 history.best_loss, history.best_epoch = value, epoch
             if not backward_done:

@@ -111,8 +111,9 @@ class DaskBackend(pg.Backend):
                 return np.asarray(_quiet(lambda: array.compute(scheduler="sync")))
             if array.npartitions == 1 and _persisted(array):
                 # one computed chunk (fit's loss after its step's materialisation): fetch it, with
-                # no graph to build and submit
-                return np.asarray(self.client().gather(_futures_of(array)[0])).reshape(array.shape)
+                # no graph to build and submit -- as a copy: an in-process cluster's gather hands
+                # out the worker's own array, which snapshots share (dask arrays are immutable values)
+                return np.array(self.client().gather(_futures_of(array)[0]), copy=True).reshape(array.shape)
             return np.asarray(_quiet(lambda: self.client().compute(array).result()))
         return np.asarray(array)
 

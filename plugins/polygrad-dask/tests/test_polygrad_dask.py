@@ -228,6 +228,22 @@ def test_optimizer_rules_run_as_one_task_per_block_with_numpys_bits(make, dtype)
     assert len(keys) == sum(len(p.array.chunks[0]) for p in ps) >= 3, keys
 
 
+def test_numpy_of_a_computed_chunk_is_a_copy():
+    """to_numpy fetches a computed single chunk without a graph; on an in-process cluster gather
+    hands out the worker's own array, which snapshots and a step's undo share, so what the user
+    gets must be a copy (a write into it changed a rollback's checkpoint, found by review)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=True) as client:
+        t = pg.tensor(np.arange(4.0).reshape(1, 4), backend="dask") * 1.0  # one row: one chunk
+        pg.materialize(t)
+        assert t.array.npartitions == 1
+        got = t.numpy()
+        got[0, 0] = 99.0
+        np.testing.assert_array_equal(t.numpy(), np.arange(4.0).reshape(1, 4))
+
+
 def test_a_zero_dim_parameter_steps_without_the_probes_warnings():
     """apply_update learns the rule's outputs from a run on empty blocks; a 0-d block cannot be
     empty, so the probe computes on one zero (float16 Adam: eps rounds to 0, 0/0): that must not
