@@ -235,7 +235,7 @@ def test_numpy_of_a_computed_chunk_is_a_copy():
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster, set_as_default=True) as client:
+            Client(cluster, set_as_default=True):
         t = pg.tensor(np.arange(4.0).reshape(1, 4), backend="dask") * 1.0  # one row: one chunk
         pg.materialize(t)
         assert t.array.npartitions == 1
