@@ -103,16 +103,20 @@ def test_fit_backpropagates_before_reading_the_loss_and_matches_numpy(lazy):
     assert len(lazy.calls) == 5
 
 
+def _regression():
+    """A seeded linear regression on the current backend: model, Adam, inputs, targets."""
+    pg.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = optim.Adam(model.parameters(), lr=0.05)
+    return model, opt, pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3)), pg.tensor(np.arange(10.0).reshape(5, 2))
+
+
 def _rollback_run(be: str, scales: dict[int, float], epochs: int = 8, threshold: float | None = 0.05,
                   max_rollbacks: int = 10):
     """fit on ``be`` with the loss multiplied by ``scales[epoch]`` (a NaN, a rise) at some epochs:
     the history, the parameters and the optimizer's state, as numpy arrays."""
     with pg.use_backend(be):
-        pg.manual_seed(0)
-        model = nn.Linear(3, 2)
-        opt = optim.Adam(model.parameters(), lr=0.05)
-        x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
-        y = pg.tensor(np.arange(10.0).reshape(5, 2))
+        model, opt, x, y = _regression()
         calls = [0]
 
         def loss_fn():
@@ -234,11 +238,7 @@ def test_a_failing_checkpoint_save_leaves_the_state_from_before_the_step(lazy, m
         saves.clear()
         monkeypatch.setattr(pg, "save", save)
         with pg.use_backend(backend):
-            pg.manual_seed(0)
-            model = nn.Linear(3, 2)
-            opt = optim.Adam(model.parameters(), lr=0.05)
-            x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
-            y = pg.tensor(np.arange(10.0).reshape(5, 2))
+            model, opt, x, y = _regression()
             with pytest.raises(OSError, match="disk full"):
                 fit(model, opt, lambda: pg.mse(model(x), y), 5, checkpoint_path=tmp_path / f"{backend}.ckpt")
         monkeypatch.setattr(pg, "save", real_save)
