@@ -17,8 +17,10 @@ pattern).  Every kernel task on block ``i`` asks for that worker (``cluster.pinn
 
 so the traffic of a product with F columns is ``sum(halo rows) * F * itemsize``, bounded by the
 edge cut (and by the rows of the other blocks), never N.  Terms are added in a fixed order (the
-own block's first, then the others in block order), so results are the same bits run to run; they
-differ from the single-process numpy backend only by summation order.
+own block's first, then the others in block order), never in the order of arrival; results differ
+from the single-process numpy backend only by summation order.  (Whole training runs on a cluster
+of worker processes were seen to differ from each other by one ulp in one element, in about 1 of
+4 runs of a test; where that comes from is not yet known.)
 """
 from __future__ import annotations
 
