@@ -18,9 +18,9 @@ pattern).  Every kernel task on block ``i`` asks for that worker (``cluster.pinn
 so the traffic of a product with F columns is ``sum(halo rows) * F * itemsize``, bounded by the
 edge cut (and by the rows of the other blocks), never N.  Terms are added in a fixed order (the
 own block's first, then the others in block order), never in the order of arrival; results differ
-from the single-process numpy backend only by summation order.  (Whole training runs on a cluster
-of worker processes were seen to differ from each other by one ulp in one element, in about 1 of
-4 runs of a test; where that comes from is not yet known.)
+from the single-process numpy backend only by summation order.  (Two training runs on a cluster of
+worker processes, one stepping ahead of reading the loss and one not, were seen to differ by one
+ulp in one parameter element in 2 of 8 runs of a test; where that comes from is not yet known.)
 """
 from __future__ import annotations
 
