@@ -4,8 +4,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from .optimizer import Optimizer, ParamGroup, Rule, Schedule, sqrt
 
 __all__ = ["Adam", "AdamW"]
@@ -61,10 +59,6 @@ def _adam(x: Any, g: Any, m: Any, v: Any, wd: float, b1: float, c1: float, b2: f
           inv_sqrt_bc2: float, eps: float, decay: float, step_size: float, *, coupled: bool,
           decoupled: bool) -> tuple:
     """Adam's update (``c = 1 - b``; bias corrections folded into ``inv_sqrt_bc2`` and ``step_size``)."""
-    if type(x) is np.ndarray and x.size >= NUMPY_BUFFERED_MIN and _same_arrays(x, g, m, v) and all(
-            type(n) is float or type(n) is int for n in (wd, b1, c1, b2, c2, inv_sqrt_bc2, eps, decay, step_size)):
-        return _adam_buffered(x, g, m, v, wd, b1, c1, b2, c2, inv_sqrt_bc2, eps, decay, step_size,
-                              coupled, decoupled)
     if coupled:
         g = g + wd * x
     m = b1 * m + c1 * g
@@ -73,42 +67,6 @@ def _adam(x: Any, g: Any, m: Any, v: Any, wd: float, b1: float, c1: float, b2: f
     if decoupled:
         x = x * decay
     return x - step_size * (m / denom), m, v
-
-
-#: numpy parameters from this many elements run :func:`_adam_buffered` (a 1433 x 16 GCN weight:
-#: ~50 -> ~41 us); below it the two buffers save less than the checks cost
-NUMPY_BUFFERED_MIN = 4096
-
-
-def _same_arrays(x: np.ndarray, *others: Any) -> bool:
-    return all(type(a) is np.ndarray and a.dtype == x.dtype and a.shape == x.shape for a in others)
-
-
-def _adam_buffered(x: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, wd: float, b1: float, c1: float,
-                   b2: float, c2: float, inv_sqrt_bc2: float, eps: float, decay: float, step_size: float,
-                   coupled: bool, decoupled: bool) -> tuple:
-    """:func:`_adam` on numpy arrays of one dtype and shape, with Python numbers: the same ufuncs on
-    the same operands in the same order, so the same bits, but written into two scratch buffers
-    instead of a fresh temporary each (nine fewer allocations).  The inputs are never written:
-    the new ``x``, ``m`` and ``v`` are fresh arrays, as the optimizer and fit's undo expect."""
-    if coupled:
-        g_wd = np.multiply(wd, x)
-        g = np.add(g, g_wd, out=g_wd)
-    t = np.empty_like(x)
-    m_new = np.multiply(b1, m)
-    np.add(m_new, np.multiply(c1, g, out=t), out=m_new)         # b1 * m + c1 * g
-    np.multiply(g, g, out=t)
-    np.multiply(c2, t, out=t)
-    v_new = np.multiply(b2, v)
-    np.add(v_new, t, out=v_new)                                  # b2 * v + c2 * (g * g)
-    np.sqrt(v_new, out=t)
-    np.multiply(t, inv_sqrt_bc2, out=t)
-    np.add(t, eps, out=t)                                        # denom
-    if decoupled:
-        x = np.multiply(x, decay)
-    np.divide(m_new, t, out=t)
-    np.multiply(step_size, t, out=t)
-    return np.subtract(x, t, out=t), m_new, v_new
 
 
 class AdamW(Adam):
