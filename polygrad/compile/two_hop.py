@@ -44,6 +44,7 @@ program unchanged.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,7 @@ MAX_SHARE = 0.85
 MAX_ROWS_EPS = 1e-3
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_SAME_WIDTH_INT = {np.dtype(np.float32): np.dtype(np.int32), np.dtype(np.float64): np.dtype(np.int64)}
 
 
 def _no_numbers() -> tuple:
@@ -72,14 +74,43 @@ def _namespace(a: Any) -> Any:
     return a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
 
 
-def _two_hop_bound(*arrays: Any, rx: int, ra: int, bias: bool, mask: bool, limit: float) -> Any:
-    """0 (a 0-d array of ``W1``'s dtype) when eager's skipped rows are provably finite zeros'
-    partners (see the module docstring), +inf otherwise: the replay's AssertFinite faults on it.
-    ``arrays``: Xd's values, W1, Â's values, [b1], [mask], W2, the relu backward's constant."""
+def _two_hop_bound(*arrays: Any, rx: int, ra: int, bias: bool, mask: bool, limit: float) -> tuple:
+    """``(0,)`` (a 0-d array of ``W1``'s dtype) when eager's skipped rows are provably finite (see
+    the module docstring), ``(inf,)`` otherwise: the replay's AssertFinite faults on it.
+    ``arrays``: Xd's values, W1, Â's values, [b1], [mask], W2, the ReLU backward's constant.
+
+    Each array's largest magnitude is bounded by its 2-norm (one BLAS dot: NaN or infinite when a
+    value is, or when a square overflows -- a false alarm only for values beyond ~1e19 in
+    float32, which then run eagerly), taken >= 1 so that nothing underflows."""
     xd, w1, av, *rest = arrays
     b1 = rest.pop(0) if bias else None
     m2 = rest.pop(0) if mask else None
     w2, zero = rest
+    if not all(isinstance(a, np.ndarray) for a in arrays):
+        return _two_hop_bound_generic(xd, w1, av, b1, m2, w2, zero, rx=rx, ra=ra, limit=limit)
+
+    def norm(a: np.ndarray) -> float:  # >= max |a| (up to rounding, covered by the factor 4); NaN if a NaN
+        flat = a.ravel(order="K")
+        return max(math.sqrt(float(np.dot(flat, flat))), 1.0) if flat.size else 1.0
+
+    bound = norm(xd) * norm(w1) * max(rx, 1) * norm(av) * max(ra, 1)
+    if b1 is not None:
+        bound += norm(b1)
+    if m2 is not None:
+        bound *= norm(m2)
+        ints = _SAME_WIDTH_INT.get(m2.dtype)
+        signed = (bool(np.signbit(m2).any()) if ints is None or not m2.flags.c_contiguous
+                  else m2.size > 0 and int(m2.view(ints).min()) < 0)  # a sign bit: a negative int
+        if signed:
+            bound = math.inf
+    z = float(zero) if zero.shape == () else math.nan
+    ok = bound * 4.0 < limit and math.isfinite(norm(w2)) and z == 0.0 and math.copysign(1.0, z) > 0
+    return (np.asarray(0.0 if ok else np.inf, dtype=w1.dtype),)
+
+
+def _two_hop_bound_generic(xd: Any, w1: Any, av: Any, b1: Any, m2: Any, w2: Any, zero: Any, *, rx: int, ra: int,
+                           limit: float) -> tuple:
+    """:func:`_two_hop_bound` written against the arrays' namespace (a backend that traces it)."""
     xp = _namespace(w1)
     f64 = xp.float64
 
@@ -305,6 +336,8 @@ def _apply(program: list, meta: list, plan: dict) -> tuple[list, list]:
                                      (pos_a.shape[0],))}
     out: list = []
     for k, e in enumerate(program):
+        if e[0] == ASSERT_FINITE and e[1] == plan["av"]:
+            continue  # the row gather's check of Â's values: the bound checks them too, before any step
         if k in gathers:
             out.append(gathers[k])
         if k == plan["check_at"]:
