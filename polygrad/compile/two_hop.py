@@ -93,18 +93,21 @@ def _two_hop_bound(*arrays: Any, rx: int, ra: int, bias: bool, mask: bool, limit
         flat = a.ravel(order="K")
         return max(math.sqrt(float(np.dot(flat, flat))), 1.0) if flat.size else 1.0
 
-    bound = norm(xd) * norm(w1) * max(rx, 1) * norm(av) * max(ra, 1)
-    if b1 is not None:
-        bound += norm(b1)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing square is an answer, not a warning
+        bound = norm(xd) * norm(w1) * max(rx, 1) * norm(av) * max(ra, 1)
+        if b1 is not None:
+            bound += norm(b1)
+        w2_finite = math.isfinite(norm(w2))
+        mask_norm = norm(m2) if m2 is not None else 1.0
     if m2 is not None:
-        bound *= norm(m2)
+        bound *= mask_norm
         ints = _SAME_WIDTH_INT.get(m2.dtype)
         signed = (bool(np.signbit(m2).any()) if ints is None or not m2.flags.c_contiguous
                   else m2.size > 0 and int(m2.view(ints).min()) < 0)  # a sign bit: a negative int
         if signed:
             bound = math.inf
     z = float(zero) if zero.shape == () else math.nan
-    ok = bound * 4.0 < limit and math.isfinite(norm(w2)) and z == 0.0 and math.copysign(1.0, z) > 0
+    ok = bound * 4.0 < limit and w2_finite and z == 0.0 and math.copysign(1.0, z) > 0
     return (np.asarray(0.0 if ok else np.inf, dtype=w1.dtype),)
 
 
@@ -114,10 +117,11 @@ def _two_hop_bound_generic(xd: Any, w1: Any, av: Any, b1: Any, m2: Any, w2: Any,
     xp = _namespace(w1)
     f64 = xp.float64
 
-    def biggest(a: Any) -> Any:  # max |a| in float64, NaN if any is NaN; >= 1 (nothing underflows)
+    def biggest(a: Any) -> Any:  # max |a| in float64, inf unless all finite; >= 1 (nothing underflows)
         if a.size == 0:
             return xp.asarray(1.0, dtype=f64)
         m = xp.asarray(xp.maximum(xp.max(a), -xp.min(a)), dtype=f64)
+        m = xp.where(xp.all(xp.isfinite(a)), m, xp.asarray(np.inf, dtype=f64))  # max may skip NaN
         return xp.maximum(m, xp.asarray(1.0, dtype=f64))
 
     bound = biggest(xd) * biggest(w1) * float(max(rx, 1)) * biggest(av) * float(max(ra, 1))
@@ -169,7 +173,7 @@ def _plan(program: list, meta: list, readers: dict, producer: dict, results: set
     last = program[t]
     p_t = last[4].get("pattern")
     z = last[3][1]
-    if not isinstance(p_t, Pattern) or len(meta[z][1]) != 2:
+    if not isinstance(p_t, Pattern) or len(meta[z][1]) != 2 or p_t.shape[1] != meta[z][1][0]:
         return None
     n = meta[z][1][0]
     # Z: the dense product H1d @ W2, read by this SpMM and by its fused backward only
@@ -222,7 +226,9 @@ def _plan(program: list, meta: list, readers: dict, producer: dict, results: set
     where = readers.get(c, [])
     if len(where) != 1 or c in results or _kernel(program, where[0], (Op.WHERE, "dense")) is None:
         return None
-    _, zero, dh1 = program[where[0]][3]
+    cond, zero, dh1 = program[where[0]][3]
+    if cond != c:
+        return None
     if not _made_by(program, producer, zero, LOAD) or meta[zero][1] != ():
         return None
     if m2 is not None:

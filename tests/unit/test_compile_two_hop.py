@@ -5,6 +5,8 @@ with signed zeros, NaN, infinities and overflow injected into the features, the 
 the graph's weights (the replay's check then runs the call eagerly, with eager's bits)."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -134,12 +136,14 @@ def _cora_like(seed: int = 0, float32: bool = True) -> dict:
 
 
 @pytest.mark.parametrize("float32", [True, False])
-def test_two_hop_fires_on_a_cora_like_step_and_keeps_bits(float32):
+@pytest.mark.parametrize("variant", ["demo", "no_dropout", "no_bias"])
+def test_two_hop_fires_on_a_cora_like_step_and_keeps_bits(float32, variant):
     c = _cora_like(float32=float32)
+    c.update({"no_dropout": {"dropout": 0.0}, "no_bias": {"bias": False}}.get(variant, {}))
     (want, _), (got, f) = _run(c, False, calls=6), _run(c, True, calls=6)
     assert_bitwise(got, want)
     assert _two_hop_fired(f)
-    assert f.stats["replays"] >= 2
+    assert f.stats["replays"] >= 2 and f.stats["dropped"] == 0  # the check passes: the replays ran rewritten
 
 
 def test_the_kernels_run_only_the_two_hop_rows(monkeypatch):
@@ -250,3 +254,46 @@ def test_a_nan_bias_after_a_step_keeps_eagers_nan_bits():
     (want, _), (got, f) = _run(c, False), _run(c, True)
     assert_bitwise(got, want)
     assert f.stats["dropped"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("spoil", [None, "xd_nan", "w1_inf", "av_nan", "b1_inf", "m2_negzero", "m2_neg", "w2_nan",
+                                   "zero_neg", "overflow"])
+def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil):
+    """The replay's check (numpy's form and the one written against the array namespace, for a
+    backend that traces it) passes finite inputs of moderate size, and fails on any non-finite
+    value, a mask with a sign bit, a ``-0`` constant, or a bound past the dtype's range."""
+    from polygrad.compile.two_hop import _two_hop_bound, _two_hop_bound_generic
+
+    rng = np.random.default_rng(0)
+    xd, w1, av = rng.random(50).astype(dtype), rng.normal(size=(6, 3)).astype(dtype), rng.random(40).astype(dtype)
+    b1, w2 = rng.normal(size=3).astype(dtype), rng.normal(size=(3, 2)).astype(dtype)
+    m2 = (rng.random((9, 3)) < 0.5).astype(dtype) * 2
+    zero = np.asarray(0.0, dtype=dtype)
+    if spoil == "xd_nan":
+        xd[7] = np.nan
+    elif spoil == "w1_inf":
+        w1[1, 2] = -np.inf
+    elif spoil == "av_nan":
+        av[0] = np.nan
+    elif spoil == "b1_inf":
+        b1[0] = np.inf
+    elif spoil == "m2_negzero":
+        m2[m2 == 0] = -0.0
+    elif spoil == "m2_neg":
+        m2[0, 0] = -2.0
+    elif spoil == "w2_nan":
+        w2[0, 1] = np.nan
+    elif spoil == "zero_neg":
+        zero = np.asarray(-0.0, dtype=dtype)
+    elif spoil == "overflow":
+        xd[3] = np.finfo(dtype).max / 10
+    limit = float(np.finfo(dtype).max)
+    kw = {"rx": 5, "ra": 4, "limit": limit}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the replay's check warns of nothing (an overflow is its answer)
+        (fast,) = _two_hop_bound(xd, w1, av, b1, m2, w2, zero, bias=True, mask=True, **kw)
+    with np.errstate(all="ignore"):
+        (generic,) = _two_hop_bound_generic(xd, w1, av, b1, m2, w2, zero, **kw)
+    assert fast.dtype == generic.dtype == dtype and fast.shape == generic.shape == ()
+    assert bool(np.isfinite(fast)) == bool(np.isfinite(generic)) == (spoil is None)
