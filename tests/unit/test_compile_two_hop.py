@@ -297,3 +297,30 @@ def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil):
         (generic,) = _two_hop_bound_generic(xd, w1, av, b1, m2, w2, zero, **kw)
     assert fast.dtype == generic.dtype == dtype and fast.shape == generic.shape == ()
     assert bool(np.isfinite(fast)) == bool(np.isfinite(generic)) == (spoil is None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 30), st.integers(1, 30), st.floats(0.05, 0.6))
+def test_pattern_restrict_keeps_rows_empties_the_rest_and_renumbers_columns(seed, n, m, density):
+    from polygrad.sparse.pattern import Pattern
+
+    rng = np.random.default_rng(seed)
+    dense = rng.random((n, m)) < density
+    r, k = np.nonzero(dense)
+    pattern = Pattern.from_sorted((n, m), r, k)
+    rows = np.flatnonzero(rng.random(n) < 0.5)
+    cols = np.unique(np.concatenate([pattern.take_rows(rows)[0].cols, rng.integers(0, m, 2)]))
+    out, positions = pattern.restrict(rows, cols)
+    values = np.arange(1, pattern.nnz + 1, dtype=np.float64)
+    want = np.zeros((n, m))
+    want[r, k] = values
+    keep = np.zeros(n, dtype=bool)
+    keep[rows] = True
+    want[~keep] = 0
+    got = np.zeros((n, cols.size))
+    got[out.rows, out.cols] = values[positions]
+    assert out.shape == (n, cols.size)
+    assert np.array_equal(got, want[:, cols])
+    assert (np.diff(out.cols)[np.diff(out.rows) == 0] > 0).all()  # each row's columns still ascending
+    again = pattern.restrict(rows.copy(), cols.copy())
+    assert again[0] is out and again[1] is positions  # cached per content
