@@ -1,6 +1,7 @@
 """Program-to-program rewrites of a capture: each returns a program that gives the same bits."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,10 @@ def _apply_row_gather(program: list, meta: list, plan: dict, done: set) -> tuple
 
 
 def _all_finite(array: Any) -> bool:
+    if type(array) is np.ndarray:  # the common case, without the namespace lookup (a check per replay)
+        if array.ndim == 0 and array.dtype.kind == "f":
+            return math.isfinite(float(array))
+        return bool(np.isfinite(array).all())
     if isinstance(array, np.ndarray) or hasattr(array, "__array_namespace__"):
         xp = array.__array_namespace__() if hasattr(array, "__array_namespace__") else np
         return bool(xp.isfinite(array).all())
