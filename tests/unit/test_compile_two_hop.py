@@ -259,7 +259,8 @@ def test_a_nan_bias_after_a_step_keeps_eagers_nan_bits():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("spoil", [None, "xd_nan", "w1_inf", "av_nan", "b1_inf", "m2_negzero", "m2_neg", "w2_nan",
                                    "zero_neg", "overflow"])
-def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil):
+@pytest.mark.parametrize("namespace", ["numpy", "array_api_strict"])
+def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil, namespace):
     """The replay's check (numpy's form and the one written against the array namespace, for a
     backend that traces it) passes finite inputs of moderate size, and fails on any non-finite
     value, a mask with a sign bit, a ``-0`` constant, or a bound past the dtype's range."""
@@ -290,6 +291,14 @@ def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil):
         xd[3] = np.finfo(dtype).max / 10
     limit = float(np.finfo(dtype).max)
     kw = {"rx": 5, "ra": 4, "limit": limit}
+    if namespace == "array_api_strict":  # the form a non-numpy backend runs, on a strict namespace
+        xp = pytest.importorskip("array_api_strict")
+        with np.errstate(all="ignore"):  # the strict namespace computes on numpy
+            (strict,) = _two_hop_bound(*[xp.asarray(np.ascontiguousarray(a)) for a in (xd, w1, av, b1, m2, w2, zero)],
+                                       bias=True, mask=True, **kw)
+        assert strict.dtype == xp.asarray(w1).dtype and strict.shape == ()
+        assert bool(xp.isfinite(strict)) == (spoil is None)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the replay's check warns of nothing (an overflow is its answer)
         (fast,) = _two_hop_bound(xd, w1, av, b1, m2, w2, zero, bias=True, mask=True, **kw)
