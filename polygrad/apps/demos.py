@@ -288,8 +288,9 @@ def train_gcn(ds: pdata.GraphDataset, seed: int = 0, epochs: int = 200, hidden: 
 
     def loss_fn():
         # the training rows, gathered once: the loss and the accuracy read only them, so a pure
-        # replay computes just those rows of the last layer (compile/rewrite.py's row gather),
-        # which a step returning every node's logits would forbid; the same ops as
+        # replay computes just those rows of the last layer (compile/rewrite.py's row gather) and
+        # the first layer over their 2-hop neighbourhood only (compile/two_hop.py), which a step
+        # returning every node's logits would forbid; the same ops as
         # cross_entropy(logits, y, mask=train_mask), so the same bits
         logits = model(x, edge_index)[train_rows]
         loss = nn.cross_entropy(logits, train_y)

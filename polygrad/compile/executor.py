@@ -21,6 +21,7 @@ from .program import (ARG, ASSERT_FINITE, BACKWARD, CALL, FRESH, FUSED, GRAD, HO
 from .backend_compile import offer
 from ..runtime.heap import keep_heap_top
 from .rewrite import _all_finite, _push_row_gathers
+from .two_hop import _push_two_hops
 
 
 #: set by :func:`profile_entries`: the per-entry seconds of the replays prepared meanwhile
@@ -49,6 +50,7 @@ def prepare(cap: Capture) -> Capture:
     part of the guard key) and generate its function."""
     if registry.events["polygrad_op_executed"] is None:
         cap.program, cap.meta = _push_row_gathers(cap.program, cap.meta, cap.spec)
+        cap.program, cap.meta = _push_two_hops(cap.program, cap.meta, cap.spec)
     # a backend may compile its kernels (backend_compile.py)
     cap.fast = offer(cap, _generate(cap, timings=_profile), _result, _rebuild)
     keep_heap_top()  # replays free their intermediates at the end of every call (runtime/heap.py)

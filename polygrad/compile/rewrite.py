@@ -1,6 +1,7 @@
 """Program-to-program rewrites of a capture: each returns a program that gives the same bits."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,7 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
         return None
     add = producer.get(a)
     s = a
+    bias = -1
     if add is not None and program[add][0] == KERNEL and program[add][2] == (Op.ADD, "dense"):
         s, bias = program[add][3]
         if meta[bias][1] != (shape[1],) or meta[s][1] != shape or readers.get(s) != [add] or s in results:
@@ -72,11 +74,14 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
         return None
     values, x = program[mm][3]
     # after an optimizer step a replay cannot re-run eagerly, so the finiteness check the backward
-    # rewrite needs could not fall back: there only the forward rows (which need no check) change
+    # rewrite needs could not fall back: there only the forward rows change, and only without a bias
+    # (whose check below could not fall back either)
     stepped = any(p[0] == HOST and not p[2] for p in program[:mm])
+    if stepped and add is not None:
+        return None
     vjp = None if stepped else _scattered_spmm_backward(program, readers, index, shape, values, x, pattern)
-    return {"getitem": n, "add": add, "spmm": mm, "rows": rows, "pattern": pattern, "values": values,
-            "x": x, "s": s, "a": a, "vjp": vjp}
+    return {"getitem": n, "add": add, "bias": bias if add is not None else None, "spmm": mm, "rows": rows,
+            "pattern": pattern, "values": values, "x": x, "s": s, "a": a, "vjp": vjp}
 
 
 def _scattered_spmm_backward(program: list, readers: dict, index: tuple, shape: tuple, values: int, x: int,
@@ -124,10 +129,23 @@ def _apply_row_gather(program: list, meta: list, plan: dict, done: set) -> tuple
     at = plan["spmm"]
     program = program[:at] + before + program[at:]
     shifted = {i + len(before) if i >= at else i for i in done}
-    return program, meta, shifted | {plan["getitem"] + len(before)}
+    getitem = plan["getitem"] + len(before)
+    if plan["bias"] is not None:
+        # NaN + NaN keeps one operand's NaN, and which one numpy's add keeps can differ with the
+        # array's length (vector body or scalar tail): with a finite bias the sum's NaN is the
+        # product's at any length, as in eager's sum over all rows
+        add = plan["add"] + len(before)
+        program.insert(add, AssertFinite(ASSERT_FINITE, plan["bias"]))
+        shifted = {i + 1 if i >= add else i for i in shifted}
+        getitem += 1
+    return program, meta, shifted | {getitem}
 
 
 def _all_finite(array: Any) -> bool:
+    if type(array) is np.ndarray:  # the common case, without the namespace lookup (a check per replay)
+        if array.ndim == 0 and array.dtype.kind == "f":
+            return math.isfinite(float(array))
+        return bool(np.isfinite(array).all())
     if isinstance(array, np.ndarray) or hasattr(array, "__array_namespace__"):
         xp = array.__array_namespace__() if hasattr(array, "__array_namespace__") else np
         return bool(xp.isfinite(array).all())

@@ -265,6 +265,39 @@ class Pattern:
             recent[key] = (rows, sub, positions)
         return sub, positions
 
+    def restrict(self, rows: np.ndarray, cols: np.ndarray) -> tuple["Pattern", np.ndarray]:
+        """(the ``nrows x len(cols)`` pattern that keeps the rows ``rows`` of this matrix and empties
+        the others, its columns renumbered to their index in ``cols``; the positions of the kept
+        nonzeros here).  ``rows`` and ``cols`` are sorted and distinct, and ``cols`` holds every
+        column of the kept rows (the caller vouches).  Each kept row keeps its nonzeros' order, so
+        a product over it sums each row as over this matrix.  Cached per content of both, as
+        :meth:`take_rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = np.asarray(cols, dtype=np.int64)
+        key = (rows.shape[0], cols.shape[0], hash(rows.tobytes()), hash(cols.tobytes()))
+        recent = self._device.setdefault("restrict", {})
+        cached = recent.get(key)
+        if cached is not None and np.array_equal(cached[0], rows) and np.array_equal(cached[1], cols):
+            return cached[2], cached[3]
+        sub, positions = self.take_rows(rows)
+        lengths = np.zeros(self.shape[0], dtype=np.int64)
+        lengths[rows] = np.diff(sub.indptr)
+        indptr = np.zeros(self.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        renumbered = np.searchsorted(cols, sub.cols)
+        out = Pattern((self.shape[0], cols.shape[0]), indptr, renumbered, self.layout)
+        if cached is None:
+            if len(recent) >= TAKE_ROWS_CACHED:
+                del recent[next(iter(recent))]
+            rows, cols = rows.copy(), cols.copy()
+            rows.flags.writeable = cols.flags.writeable = False
+            recent[key] = (rows, cols, out, positions)
+        return out, positions
+
+    def max_row_nnz(self) -> int:
+        """The most nonzeros of any row (0 for no rows), computed once and cached."""
+        return int(self.derived("max_row_nnz", lambda p: int(np.diff(p.indptr).max(initial=0))))
+
     def transpose(self) -> tuple["Pattern", np.ndarray]:
         """(pattern of Aᵀ, perm) with ``values_T = values[perm]``; computed once, then cached."""
         if self._transpose is None:
