@@ -86,7 +86,14 @@ def _arg_extreme(name: str, np_fn, x: Tensor, axis, keepdims: bool) -> Tensor:
 
 def _row_max(x: Tensor, axis) -> Tensor:
     """The max along ``axis`` (kept) of the detached input: the max records no graph node, and the
-    results below are shift-invariant, so no gradient needs to flow through it."""
+    results below are shift-invariant, so no gradient needs to flow through it.  Over an empty
+    axis (no max) the shift is 0: softmax of nothing is empty and logsumexp of nothing is -inf, as
+    in PyTorch."""
+    if x.numel == 0:
+        axes = normalize_axes(Op.MAX, axis, x.ndim)
+        if any(x.shape[a] == 0 for a in axes):
+            kept = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
+            return tensor(np.zeros(kept, dtype=x.dtype), backend=x._be)
     return max(x.detach(), axis, keepdims=True)
 
 
