@@ -65,6 +65,16 @@ def _torch_ce(x, t=(0,), red="mean"):
     return _torch().nn.functional.cross_entropy(x, _classes(*t), reduction=red)
 
 
+def _graph_layer_norm(x):
+    from polygrad.nn import LayerNorm
+    return LayerNorm(x.shape[1], affine=False, backend=x.backend)(x)
+
+
+def _torch_graph_layer_norm(x):  # torch_geometric.nn.LayerNorm(mode="graph") without batch
+    x = x - x.mean()
+    return x / (x.std(unbiased=False) + 1e-5)
+
+
 def _nll_none_counted(x):
     from polygrad.nn import nll_loss
     return nll_loss(x, [-100, -100], reduction="none")
@@ -126,6 +136,8 @@ EDGE_CASES: tuple[EdgeCase, ...] = (
     EdgeCase("nll-loss-no-counted-row", _nll_none_counted, ([[1.0, 2.0], [3.0, 4.0]],), ([[0.0, 0.0], [0.0, 0.0]],),
              lambda x: _torch().nn.functional.nll_loss(x, _classes(-100, -100), reduction="none"),
              value=[0.0, 0.0]),
+    EdgeCase("layer-norm-graph-constant", _graph_layer_norm, ([[1.0, 1.0], [1.0, 1.0]],), ([[0.0, 0.0], [0.0, 0.0]],),
+             _torch_graph_layer_norm, value=[[0.0, 0.0], [0.0, 0.0]]),
     EdgeCase("elu-nan", lambda x: _pg().elu(x), ([NAN, 0.0, -1.0],), ([1.0, 1.0, 0.36787944117144233],),
              lambda x: _torch().nn.functional.elu(x), value=[NAN, 0.0, -0.6321205588285577]),
     EdgeCase("gelu-huge", lambda x: _pg().gelu(x), ([1e308, -1e308],), ([1.0, 0.0],),
