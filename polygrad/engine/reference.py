@@ -59,7 +59,9 @@ def _float_unary(op: Op) -> Callable:
 
 
 def _relu(x):
-    return x.relu() if isinstance(x, Value) else (x if x > 0 else 0 * x)
+    # 0 of x's type below zero (0 * x would be -0.0, or NaN at -inf); x itself at +-0 and NaN,
+    # as numpy's maximum(x, 0) and PyTorch's relu
+    return x.relu() if isinstance(x, Value) else (type(x)(0) if x < 0 else x)
 
 
 def _neg(x):
@@ -221,7 +223,8 @@ def _segment(values: Flat, pattern, combine: Callable) -> Flat:
 
 def _cross_entropy(x: Flat, target: np.ndarray, reduction: str) -> Flat:
     """Each row's ``-(x_t - m - log sum_j exp(x_j - m))``, ``m`` the row's max taken as a constant
-    (0 when not finite), then the reduction: the composite's meaning, element by element."""
+    (NaN when the row has one; a non-finite max makes the row NaN), then the reduction: the
+    composite's meaning, element by element."""
     items, (n, c) = x
     exp, log = _UNARY[Op.EXP], _UNARY[Op.LOG]
     losses = []
@@ -229,7 +232,6 @@ def _cross_entropy(x: Flat, target: np.ndarray, reduction: str) -> Flat:
         row = items[i * c:(i + 1) * c]
         vals = [_val(v) for v in row]
         m = float("nan") if any(v != v for v in vals) else max(vals)
-        m = m if abs(m) < float("inf") else 0.0
         shifted = [v - m for v in row]
         losses.append(-(shifted[t] - log(_sum([exp(v) for v in shifted]))))
     if reduction == "none":

@@ -90,9 +90,7 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None, ignore_index: int =
     per_row[rows] = w[idx[rows]]
     picked = input[rows, idx[rows]]
     scale = pg.tensor(per_row[rows].astype(input.dtype), backend=input.backend)
-    if reduction == "none":
-        if not rows.size:
-            return pg.zeros(n, dtype=input.dtype, backend=input.backend)
+    if reduction == "none":  # no counted row: zeros that still reach ``input`` (a zero gradient)
         return index_add(-(picked * scale), (rows,), (n,))
     total = -(picked * scale).sum()
     if reduction == "sum":

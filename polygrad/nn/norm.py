@@ -145,6 +145,15 @@ class BatchNorm(Module):
         return self.module.extra_repr()
 
 
+def _std_of_centered(centered: Tensor) -> Tensor:
+    """``sqrt(mean(centered ** 2))`` (PyG's ``x.std(unbiased=False)``) with PyTorch's gradient at a
+    zero std: 0, not ``sqrt'(0) * 0 = inf * 0 = nan`` (``torch.std``'s backward masks it).  The
+    square root is taken of 1 there, so the branch ``where`` drops stays finite."""
+    var = (centered * centered).mean()
+    zero = var == 0
+    return pg.where(zero, 0.0, pg.where(zero, 1.0, var) ** 0.5)
+
+
 class LayerNorm(Module):
     """PyG's ``LayerNorm`` (``torch_geometric.nn.norm.LayerNorm``), default ``mode="graph"``:
     each graph's nodes and features normalised together.
@@ -175,7 +184,7 @@ class LayerNorm(Module):
             out = centered / ((centered * centered).mean(-1, keepdims=True) + self.eps) ** 0.5
         elif batch is None:
             centered = x - x.mean()
-            out = centered / ((centered * centered).mean() ** 0.5 + self.eps)
+            out = centered / (_std_of_centered(centered) + self.eps)
         else:
             idx = batch.numpy() if isinstance(batch, Tensor) else np.asarray(batch)
             idx = idx.astype(np.int64, copy=False)

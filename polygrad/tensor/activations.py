@@ -5,7 +5,7 @@ it runs on every backend (the scalar reference included) and through the fallbac
 primitive op is needed.  Conventions at 0 follow PyTorch:
 
 * ``leaky_relu'(0) = negative_slope`` (PyTorch takes the ``x > 0`` branch only for positive x);
-* ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``);
+* ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``), ``elu'(nan) = 1``;
 * ``gelu'(0) = 0.5`` and ``softplus'(0) = 0.5`` (both smooth there).
 
 Unused branches never poison a gradient: ``where`` routes a zero gradient into the branch it did
@@ -43,16 +43,19 @@ def _check_args(op: str, x: Any, **numbers: Any) -> None:
             raise DTypeError(f"{op}: {name} must be a real number, got {type(value).__name__} {value!r:.60}")
 
 
-def _nonpositive(x: Tensor) -> Tensor:
-    """``min(x, 0)`` whose gradient at 0 is 1 (the ``x <= 0`` branch), unlike ``minimum``'s tie split."""
-    return where(x > 0, 0.0, x)
+def _nonpositive(x: Tensor, nonpositive: Tensor) -> Tensor:
+    """``x`` where ``nonpositive`` (``x <= 0``), else 0: gradient 1 at 0 (unlike ``minimum``'s tie
+    split), and 0 at NaN, so a NaN never reaches the exponential of the branch it does not take."""
+    return where(nonpositive, x, 0.0)
 
 
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
-    """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)`` (``torch.nn.functional.elu``)."""
+    """``alpha * (exp(x) - 1)`` where ``x <= 0``, else ``x`` (``torch.nn.functional.elu``: NaN
+    takes the ``x`` branch, so its gradient is 1, as PyTorch's)."""
     _check_args("elu", x, alpha=alpha)
     x = _floating(x)
-    return where(x > 0, x, (_nonpositive(x).exp() - 1.0) * alpha)
+    nonpositive = x <= 0
+    return where(nonpositive, (_nonpositive(x, nonpositive).exp() - 1.0) * alpha, x)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
@@ -109,4 +112,6 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
         return x * 0.5 * (inner.tanh() + 1.0)
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return x * _erfc(x * (-1.0 / math.sqrt(2.0))) * 0.5
+    # halve Phi before the product: x * erfc overflows for |x| > ~9e307 where x * Phi does not
+    # (and 0.5 * erfc is exact, so the result's bits are otherwise those of (x * erfc) * 0.5)
+    return x * (_erfc(x * (-1.0 / math.sqrt(2.0))) * 0.5)

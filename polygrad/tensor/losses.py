@@ -1,7 +1,7 @@
 """Losses: cross_entropy and mse, composites whose gradients come from the gradient table.
 
 Cross-entropy at integer classes runs as one primitive, ``Op.CROSS_ENTROPY``, on a backend that
-has its kernel: the composite's own steps without their 36 dispatches
+has its kernel: the composite's own steps without their two dozen dispatches
 (:mod:`polygrad.engine.cross_entropy`), the same bits; elsewhere, the composite itself.
 """
 from __future__ import annotations

@@ -84,11 +84,23 @@ def _arg_extreme(name: str, np_fn, x: Tensor, axis, keepdims: bool) -> Tensor:
     return tensor(out, dtype=int64, backend=x._be)
 
 
+def _row_max(x: Tensor, axis) -> Tensor:
+    """The max along ``axis`` (kept) of the detached input: the max records no graph node, and the
+    results below are shift-invariant, so no gradient needs to flow through it.  Over an empty
+    axis (no max) the shift is 0: softmax of nothing is empty and logsumexp of nothing is -inf, as
+    in PyTorch."""
+    if x.numel == 0:
+        axes = normalize_axes(Op.MAX, axis, x.ndim)
+        if any(x.shape[a] == 0 for a in axes):
+            kept = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
+            return tensor(np.zeros(kept, dtype=x.dtype), backend=x._be)
+    return max(x.detach(), axis, keepdims=True)
+
+
 def _shift(x: Tensor, axis) -> Tensor:
-    """The max along ``axis`` (kept), detached, with non-finite maxima replaced by 0: subtracting
-    it keeps exp() in range, and a row of -inf (or one +inf) must not turn into inf - inf = nan.
-    The results below are shift-invariant, so no gradient needs to flow through it."""
-    m = max(x.detach(), axis, keepdims=True)  # detached first: the max records no graph node
+    """``logsumexp``'s shift: the row max with non-finite maxima replaced by 0, as
+    ``torch.logsumexp`` does (a row of -inf gives -inf, one +inf gives +inf, not inf - inf = nan)."""
+    m = _row_max(x, axis)
     # (m * 0 == 0 would test finiteness in two ops instead of three, but inf * 0 makes numpy warn)
     return where(m.abs() < math.inf, m, 0.0)
 
@@ -100,12 +112,16 @@ def logsumexp(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    e = (x - _shift(x, axis)).exp()
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``.  Shifted by the plain row max, as
+    PyTorch's kernel: a row whose max is not finite (+inf, or all -inf) is NaN throughout."""
+    e = (x - _row_max(x, axis)).exp()
     return e / sum(e, axis, keepdims=True)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    shifted = x - _shift(x, axis)
+    """``x - max - log(sum(exp(x - max)))`` along ``axis``; a row whose max is not finite is NaN
+    throughout (its gradient too), as ``torch.log_softmax``."""
+    shifted = x - _row_max(x, axis)
     return shifted - sum(shifted.exp(), axis, keepdims=True).log()
 
 

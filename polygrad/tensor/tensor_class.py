@@ -333,6 +333,8 @@ class Tensor(TensorBase):
     def relu(self): return apply(_RELU, (self,))
     def reciprocal(self): return apply(Op.RECIPROCAL, (_floating(self),))
     def sigmoid(self): return sigmoid(self)
+    # x ** 0.5, so pow's IEEE edge values: the gradient at -0.0 is +inf and at -inf is 0, where
+    # PyTorch's (sqrt and pow(x, 0.5) alike, through rsqrt) are -inf and NaN; elsewhere the same
     def sqrt(self): return _floating(self) ** 0.5
     def abs(self): return abs(self)
     def maximum(self, other): return maximum(self, other)

@@ -11,7 +11,9 @@ A backend author runs them with::
     assert check_edge_points("mybackend") == []
 
 Every case runs through the public ops (so composites such as ``clip`` and ``abs`` are covered
-as users call them) and compares every input's gradient, NaN and the sign of infinity included.
+as users call them) and compares every input's gradient, NaN and the sign of infinity included;
+where a case carries PyTorch's forward value too (the losses and normalisers at non-finite
+inputs), that is compared as well.
 """
 from __future__ import annotations
 
@@ -27,12 +29,55 @@ NAN = math.nan
 
 @dataclass(frozen=True)
 class EdgeCase:
-    """``fn(*tensors)`` summed and differentiated at ``inputs``; ``grads`` is PyTorch's answer."""
+    """``fn(*tensors)`` summed and differentiated at ``inputs``; ``grads`` is PyTorch's answer
+    (and ``value``, when given, PyTorch's ``fn(*tensors)`` before the sum)."""
     name: str
     fn: Callable
     inputs: tuple
     grads: tuple
     torch_fn: Callable | None = None   # the same computation in torch (for the drift check)
+    value: object = None
+
+
+# The losses and normalisers, called as users call them (polygrad imported when a case runs, torch
+# only by the drift check): a row whose max is +-inf is NaN throughout in softmax, log_softmax and
+# cross_entropy (PyTorch's kernels shift by the plain max), while logsumexp replaces a non-finite
+# max by 0 (as torch.logsumexp), so a +inf entry gives +inf.
+def _pg():
+    import polygrad
+    return polygrad
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _classes(*t):
+    return _torch().tensor(list(t))
+
+
+def _ce(x, t=(0,), red="mean"):
+    return _pg().cross_entropy(x, list(t), reduction=red)
+
+
+def _torch_ce(x, t=(0,), red="mean"):
+    return _torch().nn.functional.cross_entropy(x, _classes(*t), reduction=red)
+
+
+def _graph_layer_norm(x):
+    from polygrad.nn import LayerNorm
+    return LayerNorm(x.shape[1], affine=False, backend=x.backend)(x)
+
+
+def _torch_graph_layer_norm(x):  # torch_geometric.nn.LayerNorm(mode="graph") without batch
+    x = x - x.mean()
+    return x / (x.std(unbiased=False) + 1e-5)
+
+
+def _nll_none_counted(x):
+    from polygrad.nn import nll_loss
+    return nll_loss(x, [-100, -100], reduction="none")
 
 
 EDGE_CASES: tuple[EdgeCase, ...] = (
@@ -67,6 +112,37 @@ EDGE_CASES: tuple[EdgeCase, ...] = (
     EdgeCase("max-reduce-nan", lambda x: x.max(), ([NAN, 1.0],), ([1.0, 0.0],), lambda x: x.max()),
     EdgeCase("tanh-saturated", lambda x: x.tanh(), ([40.0, -40.0],), ([0.0, 0.0],)),
     EdgeCase("exp-underflow", lambda x: x.exp(), ([-1000.0],), ([0.0],)),
+    EdgeCase("cross-entropy-inf-logit", _ce, ([[INF, 0.0]],), ([[NAN, NAN]],), _torch_ce, value=NAN),
+    EdgeCase("cross-entropy-inf-logit-other-class", lambda x: _ce(x, (1,)), ([[INF, 0.0]],), ([[NAN, NAN]],),
+             lambda x: _torch_ce(x, (1,)), value=NAN),
+    EdgeCase("cross-entropy-rows-apart", lambda x: _ce(x, (1, 0), "none"),
+             ([[INF, 0.0, 1.0], [0.5, -INF, 2.0]],),
+             ([[NAN, NAN, NAN], [-0.8175744761936437, 0.0, 0.8175744761936437]],),
+             lambda x: _torch_ce(x, (1, 0), "none"), value=[NAN, 1.7014132779827524]),
+    EdgeCase("cross-entropy-all-neg-inf-row", lambda x: _ce(x, (1, 0), "none"), ([[-INF, -INF], [0.5, -INF]],),
+             ([[NAN, NAN], [0.0, 0.0]],), lambda x: _torch_ce(x, (1, 0), "none"), value=[NAN, 0.0]),
+    EdgeCase("log-softmax-inf", lambda x: _pg().log_softmax(x, -1), ([[INF, 0.0]],), ([[NAN, NAN]],),
+             lambda x: x.log_softmax(-1), value=[[NAN, NAN]]),
+    EdgeCase("log-softmax-neg-inf", lambda x: _pg().log_softmax(x, -1), ([[-INF, -INF], [-INF, 0.0]],),
+             ([[NAN, NAN], [1.0, -1.0]],), lambda x: x.log_softmax(-1), value=[[NAN, NAN], [-INF, 0.0]]),
+    EdgeCase("softmax-inf", lambda x: _pg().softmax(x, -1), ([[INF, 0.0]],), ([[NAN, NAN]],),
+             lambda x: x.softmax(-1), value=[[NAN, NAN]]),
+    EdgeCase("logsumexp-non-finite", lambda x: _pg().logsumexp(x, -1), ([[INF, 0.0], [-INF, -INF]],),
+             ([[NAN, 0.0], [NAN, NAN]],), lambda x: x.logsumexp(-1), value=[INF, -INF]),
+    EdgeCase("softmax-empty-axis", lambda x: _pg().softmax(x, 0), (np.zeros((0, 3)),), (np.zeros((0, 3)),),
+             lambda x: x.softmax(0), value=np.zeros((0, 3))),
+    EdgeCase("logsumexp-empty-axis", lambda x: _pg().logsumexp(x, 0), (np.zeros((0, 3)),), (np.zeros((0, 3)),),
+             lambda x: x.logsumexp(0), value=[-INF, -INF, -INF]),
+    EdgeCase("nll-loss-no-counted-row", _nll_none_counted, ([[1.0, 2.0], [3.0, 4.0]],), ([[0.0, 0.0], [0.0, 0.0]],),
+             lambda x: _torch().nn.functional.nll_loss(x, _classes(-100, -100), reduction="none"),
+             value=[0.0, 0.0]),
+    EdgeCase("layer-norm-graph-constant", _graph_layer_norm, ([[1.0, 1.0], [1.0, 1.0]],), ([[0.0, 0.0], [0.0, 0.0]],),
+             _torch_graph_layer_norm, value=[[0.0, 0.0], [0.0, 0.0]]),
+    EdgeCase("elu-nan", lambda x: _pg().elu(x), ([NAN, 0.0, -1.0],), ([1.0, 1.0, 0.36787944117144233],),
+             lambda x: _torch().nn.functional.elu(x), value=[NAN, 0.0, -0.6321205588285577]),
+    EdgeCase("gelu-huge", lambda x: _pg().gelu(x), ([1e308, -1e308],), ([1.0, 0.0],),
+             lambda x: _torch().nn.functional.gelu(x), value=[1e308, -0.0]),
+    EdgeCase("relu-neg-inf", lambda x: x.relu(), ([-INF, -2.0, -0.0],), ([0.0, 0.0, 0.0],), value=[0.0, 0.0, -0.0]),
 )
 
 
@@ -88,7 +164,13 @@ def check_edge_point(backend: str, case: EdgeCase) -> str | None:
         warnings.simplefilter("ignore", RuntimeWarning)  # inf/nan in the forward are the point
         xs = [pg.tensor(np.asarray(a, dtype=np.float64), requires_grad=True, backend=backend)
               for a in case.inputs]
-        case.fn(*xs).sum().backward()
+        out = case.fn(*xs)
+        out.sum().backward()
+    if case.value is not None:
+        got = out.numpy().astype(np.float64)
+        if not _same(got, np.asarray(case.value, dtype=np.float64)):
+            return (f"edge case {case.name!r} on backend {backend!r}: value at {list(case.inputs[0])} is "
+                    f"{got.tolist()}, PyTorch gives {case.value}")
     for i, (x, want) in enumerate(zip(xs, case.grads)):
         got = np.zeros(x.shape) if x.grad is None else x.grad.numpy().astype(np.float64)
         if not _same(got, np.asarray(want, dtype=np.float64)):

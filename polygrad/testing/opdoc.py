@@ -84,8 +84,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.RELU: OpSpec("`max(x, 0)`", "x", output="shape and dtype of x",
                     edges=("Gradient at exactly 0 is 0 (micrograd's and PyTorch's convention).",
                            "Not defined for bool.",
-                           "The sign of a zero result is not checked (the reference gives -0.0 for a "
-                           "negative input, numpy's maximum gives 0.0)."),
+                           "0.0 for a negative input, -inf included; -0.0 and NaN pass through (the "
+                           "reference, numpy's maximum and PyTorch agree)."),
                     examples=(Example("negative, zero, positive", (np.array([-1.5, 0.0, 2.0]),)),)),
     Op.TANH: OpSpec("Hyperbolic tangent", "x (floating)", output="shape and dtype of x",
                     examples=(Example("saturates without overflow", (np.array([0.0, 1000.0, -1000.0]),)),)),

@@ -1,7 +1,9 @@
 """The softmax family's shift (and so cross_entropy's) against the composition it replaces, bit for bit.
 
 The detached max shift of ``logsumexp`` / ``softmax`` / ``log_softmax`` takes the max of the
-detached input (so the max records no graph node) instead of detaching the max.  It must give the
+detached input (so the max records no graph node) instead of detaching the max (``logsumexp``
+then replaces a non-finite max by 0, as ``torch.logsumexp``; the other two keep it, as PyTorch's
+softmax kernels).  It must give the
 slow composition's values and gradients exactly, non-finite rows included; the gradients also
 match numerical differentiation in float64.
 """
@@ -30,13 +32,19 @@ def _slow_shift(x: pg.Tensor, axis: Any) -> pg.Tensor:
     return where(m.abs() < math.inf, m, 0.0)
 
 
+def _slow_row_max(x: pg.Tensor, axis: Any) -> pg.Tensor:
+    """softmax's and log_softmax's shift: the max of the attached input, detached (non-finite kept,
+    so a row whose max is +-inf turns NaN, as in PyTorch)."""
+    return R.max(x, axis, keepdims=True).detach()
+
+
 def _slow_log_softmax(x: pg.Tensor, axis: int = -1) -> pg.Tensor:
-    shifted = x - _slow_shift(x, axis)
+    shifted = x - _slow_row_max(x, axis)
     return shifted - R.sum(shifted.exp(), axis, keepdims=True).log()
 
 
 def _slow_softmax(x: pg.Tensor, axis: int = -1) -> pg.Tensor:
-    e = (x - _slow_shift(x, axis)).exp()
+    e = (x - _slow_row_max(x, axis)).exp()
     return e / R.sum(e, axis, keepdims=True)
 
 
