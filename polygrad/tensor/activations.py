@@ -112,6 +112,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
         return x * 0.5 * (inner.tanh() + 1.0)
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    # halve Phi before the product: x * erfc overflows for |x| > ~9e307 where x * Phi does not
-    # (and 0.5 * erfc is exact, so the result's bits are otherwise those of (x * erfc) * 0.5)
-    return x * (_erfc(x * (-1.0 / math.sqrt(2.0))) * 0.5)
+    # (x * erfc) * 0.5, the order the results have always had: halving erfc first would avoid the
+    # overflow of x * erfc at |x| > ~9e307 (inf where PyTorch gives x) but changes bits in the
+    # subnormal tail and, for an upstream gradient above 1, turns the gradient at huge |x| into NaN
+    return x * _erfc(x * (-1.0 / math.sqrt(2.0))) * 0.5

@@ -89,6 +89,8 @@ def _row_max(x: Tensor, axis) -> Tensor:
     results below are shift-invariant, so no gradient needs to flow through it.  Over an empty
     axis (no max) the shift is 0: softmax of nothing is empty and logsumexp of nothing is -inf, as
     in PyTorch."""
+    if x.dtype.kind == "b":  # bool - bool has no meaning: promoted, as the shift always did
+        x = _floating(x)
     if x.numel == 0:
         axes = normalize_axes(Op.MAX, axis, x.ndim)
         if any(x.shape[a] == 0 for a in axes):

@@ -84,8 +84,9 @@ SPECS: dict[Op, OpSpec] = {
     Op.RELU: OpSpec("`max(x, 0)`", "x", output="shape and dtype of x",
                     edges=("Gradient at exactly 0 is 0 (micrograd's and PyTorch's convention).",
                            "Not defined for bool.",
-                           "0.0 for a negative input, -inf included; -0.0 and NaN pass through (the "
-                           "reference, numpy's maximum and PyTorch agree)."),
+                           "0.0 for a negative input, -inf included; NaN passes through. -0.0 gives -0.0 on the "
+                           "reference and in PyTorch, +0.0 from numpy's maximum (the sign of zero is "
+                           "backend-defined)."),
                     examples=(Example("negative, zero, positive", (np.array([-1.5, 0.0, 2.0]),)),)),
     Op.TANH: OpSpec("Hyperbolic tangent", "x (floating)", output="shape and dtype of x",
                     examples=(Example("saturates without overflow", (np.array([0.0, 1000.0, -1000.0]),)),)),
