@@ -238,9 +238,20 @@ def row_placement(collections: list, blocks: int, client_: Any) -> Any:
     levels, arrays split along other axes) may run on any worker."""
     import dask
 
+    placement = row_table(collections, blocks, client_)
+    if placement is None:
+        return dask.annotate()
+    table, everyone = placement
+    return dask.annotate(workers=lambda key: table.get(key, everyone), allow_other_workers=True)
+
+
+def row_table(collections: list, blocks: int, client_: Any) -> tuple[dict, list] | None:
+    """``(table, everyone)``: the worker list of every row-blocked key of the graph of
+    ``collections`` (see :func:`row_placement`) and the list for all other keys; None where
+    there is nothing to place (one row block or one worker)."""
     where = homes(client_)
     if blocks < 2 or len(where) < 2:
-        return dask.annotate()
+        return None
     firsts: dict = {}
     for c in collections:
         for key in c.__dask_graph__().keys():
@@ -252,5 +263,4 @@ def row_placement(collections: list, blocks: int, client_: Any) -> Any:
         for key in c.__dask_graph__().keys():
             if isinstance(key, tuple) and key[0] in row_blocked:
                 table[key] = [where[key[1] % len(where)]]
-    everyone = list(where)
-    return dask.annotate(workers=lambda key: table.get(key, everyone), allow_other_workers=True)
+    return table, list(where)
