@@ -209,9 +209,12 @@ def _persist(client: Any, arrays: list) -> list:
             return client.persist(arrays, optimize_graph=False)
     placement = cluster.row_table(arrays, chunks.partitions, client)
 
+    workers = cluster.homes(client)
+
     def default(key: Any) -> dict:
-        if placement is None:
-            return {}
+        if placement is None:  # one row block or one worker: nothing to place, but where
+            # there are several workers a task is still not tied to one (not fused)
+            return {"workers": workers, "allow_other_workers": True} if len(workers) > 1 else {}
         table, everyone = placement
         return {"workers": table.get(key, everyone), "allow_other_workers": True}
 

@@ -14,7 +14,8 @@ or merged, so every result has the bits the unfused graph gives.  What is not fu
 * a requested key (the arrays being persisted keep their futures);
 * a task with several consumers (its result is shared; computing it twice would double work);
 * a task placed elsewhere than its consumer (fusing would move its inputs, a row block, between
-  workers), or carrying other annotations (priority, retries, resources);
+  workers), placed loosely on several workers, or carrying other annotations (priority,
+  retries, resources);
 * a task marked ``block_fusion`` by dask.
 
 Unlike dask's own graph optimisation (blockwise fusion, which rewrites ops into new functions and
@@ -40,11 +41,18 @@ def layer_annotations(graph: Any) -> dict[Hashable, dict]:
 
 
 def _placement(annotations: dict) -> tuple | None:
-    """A hashable form of a task's placement, or None where it carries anything else."""
+    """A hashable form of a task's placement, or None where it is not fused: it carries other
+    annotations, or may run on several workers.  (The scheduler runs such a task where most of
+    its inputs are; fused with its consumer it would run where the *group's* inputs are: a task
+    summing per-row-block partials, fused with the products it sums, would fetch whole row
+    blocks instead of the partials.)  No annotation at all means one worker (or none to choose)."""
     if any(t not in PLACEMENT for t in annotations):
         return None
     workers = annotations.get("workers")
-    workers = tuple(workers) if isinstance(workers, (list, tuple, set)) else workers
+    if isinstance(workers, (list, tuple, set)):
+        if len(workers) != 1:
+            return None
+        workers = tuple(workers)
     return workers, bool(annotations.get("allow_other_workers", False))
 
 
@@ -117,7 +125,8 @@ def fused_graph(collections: list, default: Callable[[Hashable], dict]) -> tuple
     """The merged graph of ``collections`` with fusible groups fused, as a ``HighLevelGraph``
     whose layers carry each surviving task's placement, and the flat list of the collections'
     keys.  A task's placement is its layer's annotations (``cluster.pinned``) or, without
-    them, ``default(key)`` (``cluster.row_table``'s)."""
+    them, ``default(key)`` (``cluster.row_table``'s; ``{}``, no placement, only where the
+    cluster has one worker)."""
     from dask._task_spec import convert_legacy_graph
     from dask.core import flatten
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
