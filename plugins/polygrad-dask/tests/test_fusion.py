@@ -237,3 +237,19 @@ def test_fit_fused_equals_fit_unfused(client, monkeypatch):
     np.testing.assert_allclose(runs[("dask", True)][0], runs[("dask", False)][0], rtol=1e-13)
     for a, b in zip(runs[("dask", True)][1], runs[("dask", False)][1]):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("seen, axis", [
+    ({(0, 0), (1, 0)}, 0),             # a row-blocked array
+    ({(0, 0), (0, 1)}, 1),             # its transpose
+    ({(0, 0, 0), (0, 1, 0)}, 1),       # per-block products of a contraction over rows
+    ({(0,), (1,)}, 0),                 # a row-blocked vector
+    ({(0, 0), (0, 1), (1, 0), (1, 1)}, 0),  # first index over the blocks (as before)
+    ({(0, 0, 0), (0, 1, 1)}, None),    # two indices vary
+    ({(0, 0), (0, 2)}, None),          # values other than the blocks
+    ({(0,)}, None),                    # one block
+])
+def test_which_index_is_the_row_block(seen, axis):
+    from polygrad_dask.cluster import _row_axis
+
+    assert _row_axis(seen, 2) == axis
