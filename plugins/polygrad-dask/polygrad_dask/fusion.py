@@ -16,7 +16,9 @@ or merged, so every result has the bits the unfused graph gives.  What is not fu
 * a task placed elsewhere than its consumer (fusing would move its inputs, a row block, between
   workers), placed loosely on several workers, or carrying other annotations (priority,
   retries, resources);
-* a task marked ``block_fusion`` by dask.
+* a task marked ``block_fusion`` by dask, or one of ``sparse_kernels.KEEP_APART`` (an SpMM's own
+  tile, which runs while the halo rows are in transit: fused into the halo's task it would wait
+  for them).
 
 Unlike dask's own graph optimisation (blockwise fusion, which rewrites ops into new functions and
 renames keys), the fused graph keeps every surviving key and its placement.
@@ -114,7 +116,10 @@ def fuse_in_place(dsk: dict, keep: set, annotations: dict) -> dict:
     from dask._task_spec import Task
 
     dependencies = {k: set(node.dependencies) for k, node in dsk.items()}
-    unfusable = {k for k, node in dsk.items() if getattr(node, "block_fusion", False)}
+    from .sparse_kernels import KEEP_APART
+
+    unfusable = {k for k, node in dsk.items()
+                 if getattr(node, "block_fusion", False) or getattr(node, "func", None) in KEEP_APART}
     out = {}
     for top, members in fuse_groups(dependencies, keep, annotations, unfusable).items():
         out[top] = dsk[top] if len(members) == 1 else Task.fuse(*(dsk[k] for k in members), key=top)

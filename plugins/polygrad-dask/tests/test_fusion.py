@@ -189,7 +189,7 @@ def test_fusion_cuts_the_tasks_of_a_step(client):
     """A step's elementwise chains on one row block run as one task each."""
     from dask.highlevelgraph import HighLevelGraph
 
-    from polygrad_dask import fusion
+    from polygrad_dask import fusion, sparse_kernels
 
     rng = np.random.default_rng(0)
     with pg.use_backend("dask"):
@@ -208,6 +208,9 @@ def test_fusion_cuts_the_tasks_of_a_step(client):
     assert set(keys) <= set(dict(graph))  # the requested keys survive, ...
     assert all(placed[k] == default(k) for k in keys if k in table)  # ... placed on their row block's worker
     assert len(dict(graph)) < 0.7 * len(dict(before))  # the row blocks' chains: ~40% fewer tasks
+    # the SpMMs' own tiles stay tasks of their own (they run while the halo rows travel)
+    own = [k for k, node in dict(before).items() if getattr(node, "func", None) in sparse_kernels.KEEP_APART]
+    assert own and all(getattr(dict(graph).get(k), "func", None) in sparse_kernels.KEEP_APART for k in own)
 
 
 def _problem():
