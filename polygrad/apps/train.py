@@ -201,7 +201,13 @@ def _compiled_step(model: Module, optimizer: Optimizer, loss_fn: Callable[[], An
         _check_loss(loss)
         loss.backward()
         if update:
-            optimizer.step()
+            if _steps_ahead(optimizer):
+                # a lazy backend: the step joins the loss's and gradients' graph (one submission);
+                # stepping alone would compute forward and backward for the new parameters, and
+                # fit's read of the loss and gradients would compute them again
+                _step_ahead(optimizer, loss)
+            else:
+                optimizer.step()
         return loss, metrics
 
     return pg.compile(forward_backward, modules=[model], pure=pure)

@@ -359,17 +359,18 @@ def test_a_bad_order_is_a_data_error(client, tmp_path):
 
 # -- fit: one submission per epoch, the step taken before the loss is read ------------------------
 
-def _counted_fit(backend, ei, feats, labels, epochs, scales=None, threshold=None):
+def _counted_fit(backend, ei, feats, labels, epochs, scales=None, threshold=None, compile=False):
     """fit of the GCN on ``backend`` with the loss multiplied by ``scales[epoch]`` (a NaN, a rise):
     the history (or the NonFiniteError), the parameters and Adam's state at the end, the
-    parameters after each epoch, and how many ``Client.persist`` / ``Client.compute`` calls each
-    epoch made."""
+    parameters after each epoch, and how many graphs each epoch submitted to be kept on the cluster
+    ("persist": ``Client.persist``, or ``Client.get`` without waiting, which the fused submission
+    uses) and how many ``Client.compute`` calls it made."""
     from distributed import Client
 
     calls = {"persist": 0, "compute": 0}
     per_epoch: list = []
     after: list = []
-    saved = Client.persist, Client.compute
+    saved = Client.persist, Client.compute, Client.get
 
     def counting(name, real):
         def call(self, *args, **kwargs):
@@ -396,12 +397,14 @@ def _counted_fit(backend, ei, feats, labels, epochs, scales=None, threshold=None
             calls.update(persist=0, compute=0)
 
         Client.persist, Client.compute = counting("persist", saved[0]), counting("compute", saved[1])
+        Client.get = counting("persist", saved[2])
         try:
-            history = fit(model, opt, loss_fn, epochs, rollback_threshold=threshold, callback=on_epoch)
+            history = fit(model, opt, loss_fn, epochs, rollback_threshold=threshold, callback=on_epoch,
+                          compile=compile)
         except pg.errors.NonFiniteError as exc:
             history = exc
         finally:
-            Client.persist, Client.compute = saved
+            Client.persist, Client.compute, Client.get = saved
     params = [p.numpy() for p in model.parameters()]
     state = [v.numpy() for st in opt.state_dict()["state"].values() for v in st.values() if isinstance(v, pg.Tensor)]
     return history, params, state, after, per_epoch, opt.step_count
@@ -423,6 +426,21 @@ def test_fit_epoch_on_dask_is_one_submission_with_numpys_numbers(client):
     np.testing.assert_allclose(got.losses, want.losses, rtol=1e-9)
     for a, b in zip(got_params, want_params):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert per_epoch[1:] == [{"persist": 1, "compute": 0}] * 3, per_epoch
+
+
+def test_fit_pure_on_dask_is_one_submission_with_the_eager_numbers(client):
+    """fit(compile="pure") on Dask (the step inside the compiled call): one submission per epoch
+    too -- the step joins the loss's graph, instead of materialising the new parameters (forward
+    and backward computed) and then the loss and gradients (computed again) -- with the same
+    losses, parameters and state as compile=False."""
+    ei, feats, labels = _graph_problem()
+    want, want_params, want_state, _, _, _ = _counted_fit("dask", ei, feats, labels, 4)
+    got, got_params, got_state, _, per_epoch, _ = _counted_fit("dask", ei, feats, labels, 4, compile="pure")
+    assert got.compile_mode == "pure"
+    np.testing.assert_allclose(got.losses, want.losses, rtol=1e-13)
+    for a, b in zip(got_params + got_state, want_params + want_state):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
     assert per_epoch[1:] == [{"persist": 1, "compute": 0}] * 3, per_epoch
 
 
