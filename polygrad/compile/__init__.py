@@ -88,9 +88,12 @@ The tensors a replay returns carry no autodiff graph: call ``backward()`` inside
 
 Rewrites: a capture's program may be changed where the result is bit for bit the same.  Rows
 gathered from an SpMM's output (``logits[train_mask]`` after ``A @ (H W) + b``) are computed
-alone, forward and in the fused backward (:func:`_push_row_gathers`: on Cora 140 of 2708 rows); and
-a kernel that declares a small-output variant (``polygrad_small``) is called through it at call
-sites whose output is small.
+alone, forward and in the fused backward (:func:`_push_row_gathers`: on Cora 140 of 2708 rows); a
+two-layer GCN step's first layer then runs its feature SpMM and weight gradient over those rows'
+2-hop neighbourhood and its first propagation over their 1-hop rows (``two_hop.py``: Cora 1664 and
+644 rows), under a per-replay check whose failure runs the call eagerly (after repeated failures,
+eagerly for a growing number of calls before capturing again); and a kernel that declares a
+small-output variant (``polygrad_small``) is called through it at call sites whose output is small.
 
 Guards (any change captures again, a bounded LRU cache of captures per function): argument
 structure, shapes, dtypes, layouts, sparsity patterns (by identity), backends and

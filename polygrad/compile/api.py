@@ -22,7 +22,7 @@ from .recorder import _Recorder
 
 
 class _Entry:
-    __slots__ = ("capture", "candidate", "eager_calls", "failures", "reason")
+    __slots__ = ("capture", "candidate", "eager_calls", "failures", "reason", "faults", "backoff")
 
     def __init__(self) -> None:
         self.capture: Capture | None = None
@@ -30,6 +30,8 @@ class _Entry:
         self.eager_calls = 0
         self.failures = 0
         self.reason = ""
+        self.faults = 0  # replays that faulted in a row (a successful replay resets it)
+        self.backoff = 0  # eager calls to run before capturing again after repeated faults
 
 
 class Compiled:
@@ -132,16 +134,26 @@ class Compiled:
                 except _ReplayFault as fault:
                     entry.capture = None
                     self.stats["dropped"] += 1
+                    # a replay's check that keeps failing (inputs that stay non-finite, or beyond a
+                    # rewrite's bound) would cost a capture and a wasted replay every other call:
+                    # after the second fault in a row, run eagerly 1, 3, 7, ... 63 calls first
+                    entry.faults += 1
+                    entry.backoff = min(2 ** (entry.faults - 1) - 1, 63)
                     if fault.after_step:  # a step already ran: re-running the call would repeat it
                         raise fault.exc
                     if state is not None:  # the eager re-run draws the same dropout masks
                         rng().bit_generator.state = state
                     self.stats["eager"] += 1
                     return self.fn(*args, **kwargs)
+                entry.faults = 0
                 self.stats["replays"] += 1
                 return out
             entry.capture = None
             self.stats["recaptures"] += 1
+        if entry.backoff > 0:
+            entry.backoff -= 1
+            self.stats["eager"] += 1
+            return self.fn(*args, **kwargs)
         if entry.eager_calls < self.warmup or entry.failures >= 2:
             entry.eager_calls += 1
             self.stats["eager"] += 1

@@ -77,8 +77,8 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
     # rewrite needs could not fall back: there only the forward rows change, and only without a bias
     # (whose check below could not fall back either)
     stepped = any(p[0] == HOST and not p[2] for p in program[:mm])
-    if stepped and add is not None:
-        return None
+    if add is not None and any(p[0] == HOST and not p[2] for p in program[:add]):
+        return None  # the bias check sits at the add: a step between the SpMM and it counts too
     vjp = None if stepped else _scattered_spmm_backward(program, readers, index, shape, values, x, pattern)
     return {"getitem": n, "add": add, "bias": bias if add is not None else None, "spmm": mm, "rows": rows,
             "pattern": pattern, "values": values, "x": x, "s": s, "a": a, "vjp": vjp}
