@@ -9,7 +9,6 @@ bounded.  Sparse ops run block by block on the workers (``sparse_kernels``).
 """
 from __future__ import annotations
 
-import os
 import uuid
 import warnings
 from typing import Any
@@ -23,7 +22,7 @@ import polygrad as pg
 from polygrad.errors import BackendError
 from polygrad.ir.ops import Op
 
-from . import chunks, cluster, dense_kernels, fusion, sparse_kernels
+from . import chunks, cluster, dense_kernels, sparse_kernels
 
 #: bytes up to which a materialised array of one row block is replicated on two workers, so that losing one
 #: worker loses no parameter or optimizer state (they are small; graph data is recomputed)
@@ -31,9 +30,6 @@ REPLICATE_MAX_BYTES = 64 << 20
 #: arrays up to this size handed to ``from_numpy`` stay embedded in the graphs that use them
 #: (scalars, weights: no round trip to the cluster); larger ones are sent to the workers once
 EMBED_MAX_BYTES = 1 << 20
-#: run each task that has one consumer on the same worker inside that consumer (``fusion``): the
-#: same computations with fewer scheduler round trips; POLYGRAD_DASK_FUSE=0 submits tasks unfused
-FUSE = os.environ.get("POLYGRAD_DASK_FUSE", "1") != "0"
 
 
 def _quiet(fn):
@@ -202,29 +198,9 @@ def _persist(client: Any, arrays: list) -> list:
     computed on row block ``i``'s worker, where the pattern's block ``i`` lives
     (``cluster.row_placement``): features and activations stay beside the graph rows they meet,
     and no step moves them.  dask's own optimisation is off, since its low-level fusion renames
-    tasks and drops their placement; instead (``FUSE``) each task with one consumer on the same
-    worker runs inside that consumer's task (``fusion``: the same calls, fewer scheduler hops)."""
-    if not FUSE:
-        with cluster.row_placement(arrays, chunks.partitions, client):
-            return client.persist(arrays, optimize_graph=False)
-    placement = cluster.row_table(arrays, chunks.partitions, client)
-
-    workers = cluster.homes(client)
-
-    def default(key: Any) -> dict:
-        if placement is None:  # one row block or one worker: nothing to place, but where
-            # there are several workers a task is still not tied to one (not fused)
-            return {"workers": workers, "allow_other_workers": True} if len(workers) > 1 else {}
-        table, everyone = placement
-        return {"workers": table.get(key, everyone), "allow_other_workers": True}
-
-    graph, keys = fusion.fused_graph(arrays, default)
-    futures = dict(zip(keys, client.get(graph, keys, sync=False)))
-    out = []
-    for a in arrays:
-        rebuild, args = a.__dask_postpersist__()
-        out.append(rebuild({k: futures[k] for k in flatten(a.__dask_keys__())}, *args))
-    return out
+    tasks and drops their placement."""
+    with cluster.row_placement(arrays, chunks.partitions, client):
+        return client.persist(arrays, optimize_graph=False)
 
 
 def _futures_of(array: Any) -> list:

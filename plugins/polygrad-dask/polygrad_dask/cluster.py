@@ -230,8 +230,7 @@ def pinned(block: int) -> Any:
 def row_placement(collections: list, blocks: int, client_: Any) -> Any:
     """``dask.annotate`` context pinning every task of the graph of ``collections`` whose key
     names row block ``i`` of a row-blocked array -- a key ``(name, i, ...)`` of a layer whose
-    first indices are exactly ``0 .. blocks-1``, or whose one varying index is (``_row_axis``) --
-    to row block ``i``'s worker, loosely.
+    first indices are exactly ``0 .. blocks-1`` -- to row block ``i``'s worker, loosely.
 
     Without it, the scheduler sends a task to whichever worker would start it first, so on a busy
     machine a step's activation block lands beside the wrong graph rows and every later op of that
@@ -239,46 +238,19 @@ def row_placement(collections: list, blocks: int, client_: Any) -> Any:
     levels, arrays split along other axes) may run on any worker."""
     import dask
 
-    placement = row_table(collections, blocks, client_)
-    if placement is None:
-        return dask.annotate()
-    table, everyone = placement
-    return dask.annotate(workers=lambda key: table.get(key, everyone), allow_other_workers=True)
-
-
-def row_table(collections: list, blocks: int, client_: Any) -> tuple[dict, list] | None:
-    """``(table, everyone)``: the worker list of every row-blocked key of the graph of
-    ``collections`` (see :func:`row_placement`) and the list for all other keys; None where
-    there is nothing to place (one row block or one worker)."""
     where = homes(client_)
     if blocks < 2 or len(where) < 2:
-        return None
-    indices: dict = {}
+        return dask.annotate()
+    firsts: dict = {}
     for c in collections:
         for key in c.__dask_graph__().keys():
-            if isinstance(key, tuple) and len(key) >= 2 and all(isinstance(i, int) for i in key[1:]):
-                indices.setdefault(key[0], set()).add(key[1:])
-    axis = {name: a for name, seen in indices.items() if (a := _row_axis(seen, blocks)) is not None}
+            if isinstance(key, tuple) and len(key) >= 2 and isinstance(key[1], int):
+                firsts.setdefault(key[0], set()).add(key[1])
+    row_blocked = {name for name, seen in firsts.items() if seen == set(range(blocks))}
     table = {}
     for c in collections:
         for key in c.__dask_graph__().keys():
-            if isinstance(key, tuple) and key[0] in axis:
-                table[key] = [where[key[1 + axis[key[0]]] % len(where)]]
-    return table, list(where)
-
-
-def _row_axis(seen: set, blocks: int) -> int | None:
-    """Which index of a layer's keys (their block indices ``seen``) is the row block: the first,
-    where it takes exactly the values ``0 .. blocks-1``; else the one index that varies, where it
-    takes exactly those values and the others are the same in every key (a row-blocked array's
-    transpose ``(0, i)``, the per-block products of a contraction over rows ``(0, i, 0)``)."""
-    rows = set(range(blocks))
-    if {t[0] for t in seen} == rows:
-        return 0
-    lengths = {len(t) for t in seen}
-    if len(lengths) != 1:
-        return None
-    varying = [a for a in range(lengths.pop()) if len({t[a] for t in seen}) > 1]
-    if len(varying) == 1 and {t[varying[0]] for t in seen} == rows:
-        return varying[0]
-    return None
+            if isinstance(key, tuple) and key[0] in row_blocked:
+                table[key] = [where[key[1] % len(where)]]
+    everyone = list(where)
+    return dask.annotate(workers=lambda key: table.get(key, everyone), allow_other_workers=True)

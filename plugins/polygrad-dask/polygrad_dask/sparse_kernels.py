@@ -150,12 +150,6 @@ def _spmm_tiles(block: RowBlock, values: np.ndarray, tiles: tuple, start: np.nda
     return out
 
 
-def _spmm_own(block: RowBlock, values: np.ndarray, tiles: tuple, part: np.ndarray) -> np.ndarray:
-    """The own tile's product (:func:`_spmm_tiles` from zero), as a task of its own: it runs
-    while the halo rows are in transit, so graph fusion keeps it apart (``KEEP_APART``)."""
-    return _spmm_tiles(block, values, tiles, None, part)
-
-
 def _spmm_t_halo(block: RowBlock, values: np.ndarray, g: np.ndarray, own: int | None) -> tuple:
     """``A_ij.T @ G_i`` for every column block ``j`` but ``own`` (rows: its operand piece, whole or
     halo), each from zero; ``None`` for ``own`` (added on its worker by :func:`_assemble`)."""
@@ -223,16 +217,6 @@ def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: Any) -> np.ndarray:
         else:
             _add_at(out, where, part.astype(out.dtype, copy=False))
     return out
-
-
-def _assemble_own(shape: tuple, dtype: Any, ids: tuple, *parts: Any) -> np.ndarray:
-    """The own row block's transposed tile (:func:`_assemble`), as a task of its own: it runs
-    while the other blocks' partials are in transit, so graph fusion keeps it apart."""
-    return _assemble(shape, dtype, ids, *parts)
-
-
-#: functions whose tasks ``fusion`` never merges into their consumer: they overlap a transfer
-KEEP_APART = frozenset({_spmm_own, _assemble_own})
 
 
 def _add_partials(start: np.ndarray, ids: tuple, *parts: np.ndarray) -> np.ndarray:
@@ -339,7 +323,7 @@ def spmm_partition(part: Partition, values: da.Array, x: da.Array) -> da.Array:
                 out.append(_d(_spmm_block)(block, vb[i], *parts))
                 continue
             # the own tile first (its operand is here), overlapping the halo's transfer; then the rest
-            first = _d(_spmm_own)(block, vb[i], (own,), parts[own])
+            first = _d(_spmm_tiles)(block, vb[i], (own,), None, parts[own])
             out.append(_d(_spmm_tiles)(block, vb[i], tuple(fetched), first, *(parts[j] for j in fetched)))
     return _stack(out, [(r, f) for r in part.row_chunks], dtype)
 
@@ -379,7 +363,7 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
                 out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
                 continue
             # the own tile first (everything it reads is here), overlapping the partials' transfer
-            first = _d(_assemble_own)((cols, f), dtype, ((OWN, j),), part.blocks[mine], vb[mine], gb[mine])
+            first = _d(_assemble)((cols, f), dtype, ((OWN, j),), part.blocks[mine], vb[mine], gb[mine])
             out.append(_d(_add_partials)(first, tuple(ids), *pieces) if pieces else first)
     return _stack(out, [(c, f) for c in part.col_chunks], dtype)
 

@@ -362,15 +362,14 @@ def test_a_bad_order_is_a_data_error(client, tmp_path):
 def _counted_fit(backend, ei, feats, labels, epochs, scales=None, threshold=None, compile=False):
     """fit of the GCN on ``backend`` with the loss multiplied by ``scales[epoch]`` (a NaN, a rise):
     the history (or the NonFiniteError), the parameters and Adam's state at the end, the
-    parameters after each epoch, and how many graphs each epoch submitted to be kept on the cluster
-    ("persist": ``Client.persist``, or ``Client.get`` without waiting, which the fused submission
-    uses) and how many ``Client.compute`` calls it made."""
+    parameters after each epoch, and how many ``Client.persist`` / ``Client.compute`` calls each
+    epoch made."""
     from distributed import Client
 
     calls = {"persist": 0, "compute": 0}
     per_epoch: list = []
     after: list = []
-    saved = Client.persist, Client.compute, Client.get
+    saved = Client.persist, Client.compute
 
     def counting(name, real):
         def call(self, *args, **kwargs):
@@ -397,14 +396,13 @@ def _counted_fit(backend, ei, feats, labels, epochs, scales=None, threshold=None
             calls.update(persist=0, compute=0)
 
         Client.persist, Client.compute = counting("persist", saved[0]), counting("compute", saved[1])
-        Client.get = counting("persist", saved[2])
         try:
             history = fit(model, opt, loss_fn, epochs, rollback_threshold=threshold, callback=on_epoch,
                           compile=compile)
         except pg.errors.NonFiniteError as exc:
             history = exc
         finally:
-            Client.persist, Client.compute, Client.get = saved
+            Client.persist, Client.compute = saved
     params = [p.numpy() for p in model.parameters()]
     state = [v.numpy() for st in opt.state_dict()["state"].values() for v in st.values() if isinstance(v, pg.Tensor)]
     return history, params, state, after, per_epoch, opt.step_count
