@@ -30,7 +30,7 @@ from polygrad.compile.recorder import note_group_write, update_recorder
 from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
-from .blocked_update import PARALLEL_MIN, update_in_blocks
+from .blocked_update import PARALLEL_MIN, RuleInBlocks, update_in_blocks
 from .multi_tensor import member_args, rule_key, run_together, together
 
 __all__ = ["Optimizer", "ParamGroup", "Rule"]
@@ -306,8 +306,11 @@ class Optimizer:
         self._init_state(x, self.param_groups[index], state, True)
         rule = self._rule(lr, self.param_groups[index], state)
         before = tuple(state[n] for n in rule.reads)
-        out = rule.fn(x, grad.array, *before, *rule.numbers, **rule.attrs)
-        rec.update(self, id(p), rule.fn, rule.attrs, _Numbers(self, index, id(p), rule), leaf, grad,
+        fn = rule.fn
+        if self.elementwise_update and type(x) is np.ndarray and x.size >= PARALLEL_MIN:
+            fn = RuleInBlocks(fn)  # in blocks on polygrad's threads, as eager's update_in_blocks
+        out = fn(x, grad.array, *before, *rule.numbers, **rule.attrs)
+        rec.update(self, id(p), fn, rule.attrs, _Numbers(self, index, id(p), rule), leaf, grad,
                    rule.reads, before, rule.writes, out)
         self._advance_state(state)
         for name, array in zip(rule.writes, out[1:]):

@@ -121,3 +121,29 @@ def test_a_tiny_parameter_batched_after_a_longer_one_keeps_eager_nan_bits(dtype:
     want, got = _run(optim.Adam, {"lr": 0.01}, case, False), _run(optim.Adam, {"lr": 0.01}, case, True)
     for u, v in zip(want, got):
         assert np.array_equal(u, v), (u, v)
+
+
+@pytest.fixture
+def two_threads() -> Any:
+    before = pg.get_num_threads()
+    pg.set_num_threads(2)
+    yield
+    pg.set_num_threads(before)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN products on kernel threads (errstate is per thread)
+@pytest.mark.parametrize("cls, kwargs", [OPTIMIZERS[0], OPTIMIZERS[2], OPTIMIZERS[3]])
+def test_a_parameter_updated_in_blocks_keeps_eager_nan_bits(two_threads: Any, cls: type, kwargs: dict) -> None:
+    """A parameter of at least ``PARALLEL_MIN`` elements is updated in blocks on polygrad's threads
+    (polygrad.optim.blocked_update): a block's last elements are numpy's scalar tail where the whole
+    array's are not, so the capture records the same blocked update."""
+    from polygrad.optim.blocked_update import PARALLEL_MIN
+    n = PARALLEL_MIN + 3  # blocks whose lengths are not a multiple of a SIMD vector
+    pos, neg = _nan(np.float32, False, 1 << 22), _nan(np.float32, True, 5)
+    w = np.full(n, pos, np.float32)
+    b = np.array([pos, 1.0, neg], np.float32)
+    xs = [[np.full(n, v, np.float32), np.array([v, 1.0, v], np.float32)] for v in (neg, pos, neg, neg, pos)]
+    case = (np.float32, [w, b], xs)
+    want, got = _run(cls, kwargs, case, False), _run(cls, kwargs, case, True)
+    for u, v in zip(want, got):
+        assert np.array_equal(u, v), (u, v)
