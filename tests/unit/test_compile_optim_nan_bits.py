@@ -56,7 +56,8 @@ def _case(draw: Any) -> tuple:
 
     def array(shape: tuple) -> np.ndarray:
         n = int(np.prod(shape))
-        return np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=dtype).reshape(shape)
+        a = np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=dtype).reshape(shape)
+        return np.asfortranarray(a) if len(shape) > 1 and draw(st.booleans()) else a
 
     params = [array(s) for s in shapes]
     inputs = [[array(s) for s in shapes] for _ in range(CALLS)]
@@ -70,7 +71,7 @@ def _bits(a: Any) -> np.ndarray:
 
 def _run(cls: type, kwargs: dict, case: tuple, compiled: bool) -> list:
     dtype, values, inputs = case
-    params = [pg.tensor(v.copy(), dtype=dtype, requires_grad=True) for v in values]
+    params = [pg.tensor(v.copy(order="K"), dtype=dtype, requires_grad=True) for v in values]
     opt = cls(params, **kwargs)
 
     def step(*xs: Any) -> Any:
