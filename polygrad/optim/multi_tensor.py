@@ -10,9 +10,10 @@ group of parameters sharing a rule costs 13 operations plus the concatenations. 
 parameters and state arrays are views of the concatenated results (nothing is written in place,
 as on the one-parameter path).
 
-Except a NaN's bits: where both operands of a ``+`` or ``*`` are NaN, numpy keeps one or the other depending on where the element falls in the array (vector
-body or scalar tail), so a ``pg.compile`` capture records the concatenated update (:class:`Together`)
-rather than one call per parameter, and a replay gives eager's NaN bits.
+Except a NaN's bits: where both operands of a ``+`` or ``*`` are NaN, numpy keeps one or the
+other depending on where the element falls in the array (vector body or scalar tail), so a
+``pg.compile`` capture records the concatenated update (:class:`Together`) rather than one call
+per parameter, and a replay gives eager's NaN bits.
 
 Only plain numpy arrays of one dtype, below the blocked update's size (those are updated in blocks
 on polygrad's threads instead), and whose state arrays the rule reads are numpy arrays of the
