@@ -148,3 +148,35 @@ def test_a_parameter_updated_in_blocks_keeps_eager_nan_bits(two_threads: Any, cl
     want, got = _run(cls, kwargs, case, False), _run(cls, kwargs, case, True)
     for u, v in zip(want, got):
         assert np.array_equal(u, v), (u, v)
+
+
+def test_members_whose_numbers_part_run_that_call_eagerly() -> None:
+    """Two groups' parameters share a rule, so eager and the capture update them as one
+    concatenation; once one group's learning rate is set apart between calls, eager updates them
+    apart, so the replay must not run the concatenated call: it faults, and the call runs eagerly."""
+    def run(compiled: bool) -> tuple:
+        w = pg.tensor(np.linspace(-1, 1, 20).astype(np.float32), requires_grad=True)
+        b = pg.tensor(np.array([0.5, -0.5, 1.0], np.float32), requires_grad=True)
+        opt = optim.Adam([{"params": [w]}, {"params": [b]}], lr=0.01)
+
+        def step(x: Any) -> Any:
+            opt.zero_grad()
+            loss = (w * x).sum() + (b * b).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        seen = []
+        for k in range(7):
+            if k == 4:
+                opt.param_groups[1]["lr"] = 0.02
+            f(pg.tensor(np.full(20, k + 1.0, np.float32)))
+            seen += [_bits(w), _bits(b)]
+            seen += [_bits(opt.state[id(p)][n]) for p in (w, b) for n in ("exp_avg", "exp_avg_sq")]
+        return seen, f
+
+    (want, _), (got, f) = run(False), run(True)
+    for u, v in zip(want, got):
+        assert np.array_equal(u, v)
+    assert f.stats["dropped"] >= 1 and f.stats["replays"] >= 1, f.stats
