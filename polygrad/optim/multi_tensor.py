@@ -84,7 +84,7 @@ class Together:
         out = _concatenated(self.fn, columns, args[k * width:], attrs, self.writes)
         if out is None:
             return None
-        return tuple(_split(out, self.shapes))
+        return tuple([a for member in _split(out, self.shapes) for a in member])
 
 
 def together(rule: Any, shapes: Sequence[tuple]) -> Together:
@@ -109,13 +109,13 @@ def _concatenated(fn: Callable[..., tuple], columns: list, numbers: Sequence, at
     return out
 
 
-def _split(out: tuple, shapes: Sequence[tuple]) -> list:
-    """Each member's slices of the concatenated results ``out``, in its shape, member after member."""
-    results: list = []
+def _split(out: tuple, shapes: Sequence[tuple]) -> list[tuple]:
+    """Each member's slices of the concatenated results ``out``, in its shape (a tuple per member)."""
+    results = []
     lo = 0
     for shape in shapes:
         hi = lo + math.prod(shape)
-        results += [a[lo:hi].reshape(shape) for a in out]
+        results.append(tuple([a[lo:hi].reshape(shape) for a in out]))
         lo = hi
     return results
 
@@ -130,6 +130,4 @@ def run_together(rule: Any, members: Sequence[tuple[np.ndarray, np.ndarray, dict
     out = _concatenated(rule.fn, columns, rule.numbers, rule.attrs, len(rule.writes))
     if out is None:
         return None
-    flat = _split(out, [x.shape for x, _, _ in members])
-    width = len(out)
-    return [tuple(flat[m * width:(m + 1) * width]) for m in range(len(members))]
+    return _split(out, [x.shape for x, _, _ in members])
