@@ -79,8 +79,10 @@ every other tensor the step reads (parameters, optimizer-written values), the ke
 (looked up in the registry's table, so ``inject_fault`` reaches them), the random generator
 (dropout masks are drawn anew, in eager order, from ``pg.manual_seed``'s generator, or by the
 backend from a key drawn there: ``Backend.random_mask``), and the optimizer: ``zero_grad()`` runs
-as it is, and ``step()`` -- recorded as one ``Call`` of its update rule per parameter (SGD, Adam)
-whose learning rate, bias corrections and state are read afresh, then a host call advancing its
+as it is, and ``step()`` -- recorded as the ``Call`` s of its update rule eager runs (SGD, Adam: one
+per large parameter, in eager's blocks, and one per group of small parameters sharing a rule, over
+their concatenation, so NaN bits match eager's too) whose learning rate, bias corrections and
+state are read afresh, then a host call advancing its
 counters, or as one host call for optimizers without rules -- keeps schedules and Adam's step
 counter right.  What is frozen at capture: Python control flow, Python numbers
 and host (numpy) data the step turns into tensors itself -- pass data that changes as arguments.

@@ -282,22 +282,33 @@ class _Recorder:
         fn(leaf, grad, *before, *numbers(), **attrs)``, ``before`` the state arrays named ``reads``;
         ``outs[0]`` becomes the parameter's storage and ``outs[1:]`` the state named ``writes``
         (recorded at the next sync, as :class:`SetData` and :class:`SetState`)."""
+        self.update_many(optimizer, [(key, leaf, grad, before)], fn, attrs, numbers, reads, writes, outs)
+
+    def update_many(self, optimizer: Any, members: list, fn: Callable[..., Any], attrs: dict,
+                    numbers: Callable[[], tuple], reads: tuple, writes: tuple, outs: tuple) -> None:
+        """One call ``outs = fn(*arrays, *numbers(), **attrs)`` updated several parameters (each
+        ``(key, leaf, grad, before)``; ``arrays`` is each member's leaf, gradient and state arrays
+        ``before`` named ``reads`` in turn, ``outs`` each member's new storage and state named
+        ``writes`` in turn): an optimizer's update of small parameters as one concatenation, which
+        a replay must repeat as one call to give eager's bits."""
         if self.problem is not None:
             return
         self._settle()
-        ins = [self._input(leaf), self._input(grad)]
-        for name, array in zip(reads, before):
-            slot = self.slot_of.get(id(array))
-            if slot is None:
-                slot = self._produce(array, leaf._be, tuple(leaf._be.shape(array)), leaf._be.dtype(array))
-                self.program.append(State(STATE, slot, optimizer, key, name))
-            ins.append(slot)
-        for name in writes:
-            cell = (id(optimizer), key, name)
-            if cell not in self.state_cells:
-                self.keep.append(optimizer)
-                self.state_cells[cell] = [optimizer, key, name, _state_of(optimizer, key, name)]
-        self.call(leaf._be, fn, attrs, numbers, tuple(ins), outs)
+        ins = []
+        for key, leaf, grad, before in members:
+            ins += [self._input(leaf), self._input(grad)]
+            for name, array in zip(reads, before):
+                slot = self.slot_of.get(id(array))
+                if slot is None:
+                    slot = self._produce(array, leaf._be, tuple(leaf._be.shape(array)), leaf._be.dtype(array))
+                    self.program.append(State(STATE, slot, optimizer, key, name))
+                ins.append(slot)
+            for name in writes:
+                cell = (id(optimizer), key, name)
+                if cell not in self.state_cells:
+                    self.keep.append(optimizer)
+                    self.state_cells[cell] = [optimizer, key, name, _state_of(optimizer, key, name)]
+        self.call(members[0][1]._be, fn, attrs, numbers, tuple(ins), outs)
 
     def module(self, m: Any) -> None:
         if id(m) not in self.module_guard:

@@ -23,7 +23,7 @@ import numpy as np
 from polygrad.runtime.pool import HOST_POOL
 from polygrad.runtime.threads import even_blocks, get_num_threads, run_blocks
 
-__all__ = ["update_in_blocks", "PARALLEL_MIN", "BLOCKS_PER_THREAD"]
+__all__ = ["update_in_blocks", "RuleInBlocks", "PARALLEL_MIN", "BLOCKS_PER_THREAD"]
 
 #: parameters smaller than this are updated whole: 2**20 float32 elements take ~5-10 ms per Adam
 #: step, against ~0.1 ms to hand out blocks
@@ -77,3 +77,56 @@ def update_in_blocks(update: Update, x: Any, g: Any, lr: float, group: Any, stat
     state.update(numbers)
     state.update({k: out.reshape(shape) for k, out in arrays.items()})
     return new.reshape(shape)
+
+
+class RuleInBlocks:
+    """A :class:`~polygrad.optim.optimizer.Rule`'s function ``fn(x, g, *state arrays, *numbers)``
+    run as :func:`update_in_blocks` runs it: on the blocks of a numpy ``x`` of at least
+    ``PARALLEL_MIN`` elements (the blocks the thread count gives when it is called), the state
+    arrays of ``x``'s shape sliced alike.  A ``pg.compile`` capture records a large parameter's
+    update as a call of this, so a replay computes each block as eager does: numpy's ``+`` and
+    ``*`` of two NaNs keep one operand's NaN or the other's depending on whether the element is in
+    the vector body or the scalar tail of the array they run on, and a block's tail is not the
+    whole array's.  Equal for equal functions (two captures of one step compare equal)."""
+
+    def __init__(self, fn: Callable[..., tuple]):
+        self.fn = fn
+        self.__name__ = f"in_blocks_{getattr(fn, '__name__', 'rule')}"  # what a program listing names it
+        self.__qualname__ = f"in_blocks_{getattr(fn, '__qualname__', 'rule')}"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RuleInBlocks and self.fn == other.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __repr__(self) -> str:
+        return f"RuleInBlocks({self.fn!r})"
+
+    def __call__(self, x: Any, g: Any, *rest: Any, **attrs: Any) -> tuple:
+        threads = get_num_threads()
+        if (threads == 1 or type(x) is not np.ndarray or type(g) is not np.ndarray or x.size < PARALLEL_MIN
+                or g.shape != x.shape):
+            return self.fn(x, g, *rest, **attrs)
+        shape, size = x.shape, x.size
+        args = [a.reshape(-1) if type(a) is np.ndarray and a.shape == shape else a for a in (x, g, *rest)]
+        whole = [type(a) is np.ndarray and a.shape == (size,) for a in args]
+
+        def run(lo: int, hi: int) -> tuple:
+            return self.fn(*[a[lo:hi] if w else a for a, w in zip(args, whole)], **attrs)
+
+        bounds = even_blocks(size, threads * BLOCKS_PER_THREAD)
+        first = run(*bounds[0])
+        width = bounds[0][1]
+        if any(type(a) is not np.ndarray or a.shape != (width,) for a in first):
+            return self.fn(x, g, *rest, **attrs)  # not one result per element: the whole array at once
+        outs = [HOST_POOL.empty((size,), a.dtype) for a in first]
+        for out, a in zip(outs, first):
+            out[:width] = a
+
+        def block(lo: int, hi: int) -> None:
+            for out, a in zip(outs, run(lo, hi)):
+                out[lo:hi] = a
+
+        run_blocks(block, bounds[1:], threads)
+        return tuple(out.reshape(shape) for out in outs)

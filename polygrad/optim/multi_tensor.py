@@ -10,6 +10,11 @@ group of parameters sharing a rule costs 13 operations plus the concatenations. 
 parameters and state arrays are views of the concatenated results (nothing is written in place,
 as on the one-parameter path).
 
+Except a NaN's bits: where both operands of a ``+`` or ``*`` are NaN, numpy keeps one or the
+other depending on where the element falls in the array (vector body or scalar tail), so a
+``pg.compile`` capture records the concatenated update (:class:`Together`) rather than one call
+per parameter, and a replay gives eager's NaN bits.
+
 Only plain numpy arrays of one dtype, below the blocked update's size (those are updated in blocks
 on polygrad's threads instead), and whose state arrays the rule reads are numpy arrays of the
 parameter's shape and dtype, are put together; tests/unit/test_optim_multi_tensor.py checks the
@@ -17,11 +22,12 @@ bits against the one-parameter path.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["rule_key", "run_together"]
+__all__ = ["Together", "member_args", "rule_key", "run_together", "together"]
 
 
 def rule_key(rule: Any, x: np.ndarray, g: Any, state: dict) -> tuple | None:
@@ -42,22 +48,86 @@ def rule_key(rule: Any, x: np.ndarray, g: Any, state: dict) -> tuple | None:
     return key
 
 
+class Together:
+    """``fn`` (a :class:`~polygrad.optim.optimizer.Rule`'s function) over the concatenation of
+    several parameters, as one callable of their arrays: the arguments are each member's ``x``,
+    ``g`` and ``reads`` state arrays in turn (member after member), then the rule's numbers; the
+    results each member's new ``x`` and ``writes`` state arrays in turn (views of the concatenated
+    results, in the member's shape), or None when a result is not one array of the
+    concatenation's shape.  The eager step and a ``pg.compile`` capture (which records it as one
+    ``Call``, so a replay runs it again) both call it: numpy's ``+`` and ``*`` of two NaNs keep one
+    operand's NaN or the other's depending on where the element falls in the array (vector body
+    or tail), so only the same concatenation gives the same NaN bits.  Equal for equal rules and
+    shapes (two captures of one step compare equal)."""
+
+    def __init__(self, fn: Callable[..., tuple], shapes: tuple, reads: int, writes: int):
+        self.fn, self.shapes, self.reads, self.writes = fn, shapes, reads, writes
+        # what a program listing or a backend's trace names a Call by
+        self.__name__ = f"together_{getattr(fn, '__name__', 'rule')}"
+        self.__qualname__ = f"together_{getattr(fn, '__qualname__', 'rule')}"
+
+    def _key(self) -> tuple:
+        return (self.fn, self.shapes, self.reads, self.writes)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Together and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Together({self.fn!r}, shapes={self.shapes})"
+
+    def __call__(self, *args: Any, **attrs: Any) -> tuple | None:
+        k, width = len(self.shapes), 2 + self.reads
+        columns = [[args[m * width + j] for m in range(k)] for j in range(width)]
+        out = _concatenated(self.fn, columns, args[k * width:], attrs, self.writes)
+        if out is None:
+            return None
+        return tuple([a for member in _split(out, self.shapes) for a in member])
+
+
+def together(rule: Any, shapes: Sequence[tuple]) -> Together:
+    """The :class:`Together` of ``rule``'s function for members of ``shapes``."""
+    return Together(rule.fn, tuple(tuple(s) for s in shapes), len(rule.reads), len(rule.writes))
+
+
+def member_args(rule: Any, members: Sequence[tuple[np.ndarray, np.ndarray, dict]]) -> list:
+    """:class:`Together`'s array arguments for ``members`` (each ``(x, g, state)``)."""
+    return [a for x, g, st in members for a in (x, g, *[st[name] for name in rule.reads])]
+
+
+def _concatenated(fn: Callable[..., tuple], columns: list, numbers: Sequence, attrs: dict,
+                  writes: int) -> tuple | None:
+    """``fn`` on each column of arrays concatenated (flattened): its results, or None when they are
+    not ``1 + writes`` arrays of the concatenation's shape.  The one place the concatenated update
+    is computed, for the eager step (:func:`run_together`) and a replay (:class:`Together`)."""
+    flat = [np.concatenate([a.reshape(-1) for a in column]) for column in columns]
+    out = fn(*flat, *numbers, **attrs)
+    if len(out) != 1 + writes or any(type(a) is not np.ndarray or a.shape != flat[0].shape for a in out):
+        return None
+    return out
+
+
+def _split(out: tuple, shapes: Sequence[tuple]) -> list[tuple]:
+    """Each member's slices of the concatenated results ``out``, in its shape (a tuple per member)."""
+    results = []
+    lo = 0
+    for shape in shapes:
+        hi = lo + math.prod(shape)
+        results.append(tuple([a[lo:hi].reshape(shape) for a in out]))
+        lo = hi
+    return results
+
+
 def run_together(rule: Any, members: Sequence[tuple[np.ndarray, np.ndarray, dict]]) -> list[tuple] | None:
     """``rule`` over the concatenation of ``members`` (each ``(x, g, state)``), split back: for each
     member, its new ``x`` followed by its new state arrays named ``rule.writes`` (views of the
     concatenated results, in the member's shape).  None when a result is not one array of the
     concatenation's shape (the rule is pure: the caller updates each member alone instead)."""
-    sizes = [x.size for x, _, _ in members]
-    flat_x = np.concatenate([x.reshape(-1) for x, _, _ in members])
-    flat_g = np.concatenate([g.reshape(-1) for _, g, _ in members])
-    reads = [np.concatenate([st[name].reshape(-1) for _, _, st in members]) for name in rule.reads]
-    out = rule.fn(flat_x, flat_g, *reads, *rule.numbers, **rule.attrs)
-    if len(out) != 1 + len(rule.writes) or any(type(a) is not np.ndarray or a.shape != flat_x.shape for a in out):
+    columns = [[x for x, _, _ in members], [g for _, g, _ in members],
+               *[[st[name] for _, _, st in members] for name in rule.reads]]
+    out = _concatenated(rule.fn, columns, rule.numbers, rule.attrs, len(rule.writes))
+    if out is None:
         return None
-    results = []
-    lo = 0
-    for (x, _, _), n in zip(members, sizes):
-        hi = lo + n
-        results.append(tuple(a[lo:hi].reshape(x.shape) for a in out))
-        lo = hi
-    return results
+    return _split(out, [x.shape for x, _, _ in members])

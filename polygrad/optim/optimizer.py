@@ -30,8 +30,8 @@ from polygrad.compile.recorder import note_group_write, update_recorder
 from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
-from .blocked_update import PARALLEL_MIN, update_in_blocks
-from .multi_tensor import rule_key, run_together
+from .blocked_update import PARALLEL_MIN, RuleInBlocks, update_in_blocks
+from .multi_tensor import member_args, rule_key, run_together, together
 
 __all__ = ["Optimizer", "ParamGroup", "Rule"]
 
@@ -232,17 +232,23 @@ class Optimizer:
                     if state and homes.get(id(p)) is not leaf._be:
                         _follow(state, leaf, fast)  # the parameter moved (Module.to): its state follows
                     homes[id(p)] = leaf._be
-                    if rec is not None:  # pg.compile: the update is recorded for a backend to compile
-                        new = self._recorded_update(rec, index, p, leaf, grad, lr, state)
-                        recorded.append(id(p))
-                    elif together and fast and type(x) is np.ndarray and x.size < PARALLEL_MIN:
+                    if together and fast and type(x) is np.ndarray and x.size < PARALLEL_MIN:
+                        # a capture groups the parameters as eager does: a replay must run the same
+                        # concatenations to give eager's NaN bits (multi_tensor.Together)
                         self._init_state(x, group, state, fast)
                         rule = self._rule(lr, group, state)
                         key = rule_key(rule, x, g, state)
                         if key is not None:  # updated below, with every parameter sharing its rule
-                            batches.setdefault(key, (rule, []))[1].append((leaf, x, g, state))
+                            batches.setdefault(key, (rule, []))[1].append((leaf, x, g, state, index, p, grad))
                             continue
-                        new = self._apply_rule(rule, x, g, state)
+                        if rec is not None:
+                            new = self._recorded_update(rec, index, p, leaf, grad, lr, state)
+                            recorded.append(id(p))
+                        else:
+                            new = self._apply_rule(rule, x, g, state)
+                    elif rec is not None:  # pg.compile: the update is recorded for a backend to compile
+                        new = self._recorded_update(rec, index, p, leaf, grad, lr, state)
+                        recorded.append(id(p))
                     elif self.elementwise_update and leaf._be.lazy and grad.backend == leaf.backend:
                         # a lazy backend runs the whole elementwise rule as one task per block
                         # (Backend.apply_update), not a task per op chained through its scheduler
@@ -257,7 +263,11 @@ class Optimizer:
                         new = self._update(x, g, lr, group, state, fast)
                     _write(leaf, new, fast)
             for rule, members in batches.values():
-                self._update_together(rule, members)
+                if rec is not None:
+                    self._recorded_together(rec, rule, members, lr_of=lambda i: self.param_groups[i]["lr"] * factor)
+                    recorded.extend(id(m[5]) for m in members)
+                else:
+                    self._update_together(rule, members)
         pending = self.__dict__.get("_pending")
         if undo is not None and pending is not None:
             pending.extend(self._step_results())  # the caller materialises them (and undoes a failure)
@@ -296,13 +306,41 @@ class Optimizer:
         self._init_state(x, self.param_groups[index], state, True)
         rule = self._rule(lr, self.param_groups[index], state)
         before = tuple(state[n] for n in rule.reads)
-        out = rule.fn(x, grad.array, *before, *rule.numbers, **rule.attrs)
-        rec.update(self, id(p), rule.fn, rule.attrs, _Numbers(self, index, id(p), rule), leaf, grad,
+        fn = rule.fn
+        if self.elementwise_update and type(x) is np.ndarray and x.size >= PARALLEL_MIN:
+            fn = RuleInBlocks(fn)  # in blocks on polygrad's threads, as eager's update_in_blocks
+        out = fn(x, grad.array, *before, *rule.numbers, **rule.attrs)
+        rec.update(self, id(p), fn, rule.attrs, _Numbers(self, index, id(p), rule), leaf, grad,
                    rule.reads, before, rule.writes, out)
         self._advance_state(state)
         for name, array in zip(rule.writes, out[1:]):
             state[name] = array
         return out[0]
+
+    def _recorded_together(self, rec: Any, rule: Rule, members: list, lr_of: Callable[[int], float]) -> None:
+        """:meth:`_update_together` reported to the capture ``rec`` as one call of the concatenated
+        rule (:class:`~polygrad.optim.multi_tensor.Together`), whose numbers a replay derives again
+        for every member (:class:`_TogetherNumbers`); each member's own recorded update where
+        there is one member or the rule's results are not one array per element, as eager does."""
+        fn = together(rule, [x.shape for _, x, *_ in members])
+        befores = [tuple(state[n] for n in rule.reads) for _, _, _, state, *_ in members]
+        out = None
+        if len(members) > 1:
+            out = fn(*member_args(rule, [(x, g, state) for _, x, g, state, *_ in members]), *rule.numbers,
+                     **rule.attrs)
+        if out is None:
+            for leaf, _, _, state, index, p, grad in members:
+                _write(leaf, self._recorded_update(rec, index, p, leaf, grad, lr_of(index), state), True)
+            return
+        numbers = _TogetherNumbers([_Numbers(self, index, id(p), rule) for _, _, _, _, index, p, _ in members])
+        rec.update_many(self, [(id(p), leaf, grad, before) for (leaf, _, _, _, _, p, grad), before
+                               in zip(members, befores)], fn, rule.attrs, numbers, rule.reads, rule.writes, out)
+        width = 1 + len(rule.writes)
+        for m, (leaf, _, _, state, *_) in enumerate(members):
+            self._advance_state(state)
+            for name, array in zip(rule.writes, out[m * width + 1:(m + 1) * width]):
+                state[name] = array
+            _write(leaf, out[m * width], True)
 
     def _undo_record(self, leaves: list[Tensor] | None = None) -> Callable[[], None] | None:
         """On lazy backends, how to put every parameter's storage and the state back (else None).
@@ -376,8 +414,8 @@ class Optimizer:
     def _update_together(self, rule: Rule, members: list) -> None:
         """``rule`` on several parameters (``(leaf, x, g, state)`` each) as one concatenation, or on
         each alone when there is one or the rule's results are not one array per element."""
-        outs = run_together(rule, [(x, g, state) for _, x, g, state in members]) if len(members) > 1 else None
-        for i, (leaf, x, g, state) in enumerate(members):
+        outs = run_together(rule, [(x, g, state) for _, x, g, state, *_ in members]) if len(members) > 1 else None
+        for i, (leaf, x, g, state, *_) in enumerate(members):
             if outs is None:
                 new = self._apply_rule(rule, x, g, state)
             else:
@@ -567,6 +605,25 @@ class _Numbers:
             raise StaleCapture(f"{type(opt).__name__}: the update rule changed since the step was captured "
                                "(a hyper-parameter that selects it was set)")
         return rule.numbers
+
+
+class _TogetherNumbers:
+    """A replay's numbers for a recorded update of several parameters as one concatenation: each
+    member's (:class:`_Numbers`), which must still be equal -- eager groups only parameters whose
+    rules have the same numbers, so a replay that would not is a fault, and the call runs eagerly."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[_Numbers]):
+        self.parts = parts
+
+    def __call__(self) -> tuple:
+        first = self.parts[0]()
+        for part in self.parts[1:]:
+            if part() != first:
+                raise StaleCapture(f"{type(part.opt).__name__}: parameters updated together when "
+                                   "captured have different update numbers now (eager updates them apart)")
+        return first
 
 
 def _fast(t: Tensor) -> bool:

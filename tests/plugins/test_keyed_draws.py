@@ -118,4 +118,6 @@ def test_a_backends_compiled_step_draws_and_updates_inside_it():
         program = compiler.programs[-1]   # the capture in use (each capture was offered)
         calls = [e for e in program.entries if isinstance(e, Call)]
         assert sum(getattr(e.fn, 'fn', None) == plugin.backends[0].random_mask for e in calls) == 2   # the draws
-        assert sum(getattr(e.fn, "__module__", "") == "polygrad.optim.adam" for e in calls) == 2   # the updates
+        # the two weights' updates: one call over their concatenation, as eager runs them (NaN bits)
+        updates = [e for e in calls if getattr(getattr(e.fn, "fn", None), "__module__", "") == "polygrad.optim.adam"]
+        assert len(updates) == 1 and len(updates[0].fn.shapes) == 2
