@@ -612,10 +612,15 @@ class _TogetherNumbers:
     member's (:class:`_Numbers`), which must still be equal -- eager groups only parameters whose
     rules have the same numbers, so a replay that would not is a fault, and the call runs eagerly."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "dtypes")
 
     def __init__(self, parts: list[_Numbers]):
         self.parts = parts
+        self.dtypes = self._state_dtypes()  # the concatenation's dtype follows its members' states
+
+    def _state_dtypes(self) -> list:
+        return [tuple(getattr(part.opt.state.get(part.key, {}).get(name), "dtype", None) for name in part.rule.reads)
+                for part in self.parts]
 
     def __call__(self) -> tuple:
         first = self.parts[0]()
@@ -623,6 +628,9 @@ class _TogetherNumbers:
             if part() != first:
                 raise StaleCapture(f"{type(part.opt).__name__}: parameters updated together when "
                                    "captured have different update numbers now (eager updates them apart)")
+        if self._state_dtypes() != self.dtypes:  # a state array set to another dtype would promote them all
+            raise StaleCapture(f"{type(self.parts[0].opt).__name__}: a parameter's optimizer state "
+                               "changed dtype since the step was captured")
         return first
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import polygrad as pg
 from polygrad import optim
+from tests.helpers import assert_bitwise
 
 OPTIMIZERS = [
     (optim.Adam, {"lr": 0.01}),
@@ -180,3 +181,32 @@ def test_members_whose_numbers_part_run_that_call_eagerly() -> None:
     for u, v in zip(want, got):
         assert np.array_equal(u, v)
     assert f.stats["dropped"] >= 1 and f.stats["replays"] >= 1, f.stats
+
+
+def _state_set_to_float64(compiled: bool) -> list:
+    w = pg.tensor(np.linspace(-1, 1, 33).astype(np.float32), requires_grad=True)
+    b = pg.tensor(np.array([0.3, 0.5, -0.5, 1.0], np.float32), requires_grad=True)
+    opt = optim.Adam([w, b], lr=0.01)
+
+    def step(x):
+        opt.zero_grad()
+        loss = (w * x).sum() + (b * b).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = pg.compile(step, pure=True) if compiled else step
+    for k in range(5):
+        if k == 3:  # user code writes a float64 moment for b straight into the state
+            st = opt.state[id(b)]
+            st["exp_avg"] = st["exp_avg"].astype(np.float64)
+        fn(pg.tensor(np.full(33, 0.1 * (k + 1), np.float32)))
+    return [w.numpy(), b.numpy()] + [v for k in (id(w), id(b)) for v in opt.state[k].values() if hasattr(v, "dtype")]
+
+
+def test_a_member_state_of_another_dtype_does_not_promote_the_others():
+    """Review of round 7: the concatenated update of a replay followed one member's float64 state
+    into a float64 ``w`` (eager updates the two apart); the replay now faults to eager."""
+    got, want = _state_set_to_float64(True), _state_set_to_float64(False)
+    assert [a.dtype for a in got] == [a.dtype for a in want]
+    assert_bitwise(got, want)
