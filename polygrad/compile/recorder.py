@@ -112,6 +112,9 @@ class _Recorder:
         # whether each tensor the step can reach had a gradient when the call started (the step may
         # clear it with p.grad = None before the recorder first sees p)
         self.had_grad = {id(t): t.grad is not None for t in (*state, *flat)}
+        for opt in optimizers:  # and each known optimizer's parameters: its step skips those without one
+            for p in (p for g in opt.param_groups for p in g.get("params", ())):
+                self.had_grad.setdefault(id(p), p.grad is not None)
         self.host_pending = False
         self.hosts = 0
         self.problem: str | None = None
@@ -381,6 +384,26 @@ class _Recorder:
             return ("dict", tuple((k, self._output(v)) for k, v in x.items()))
         raise _Refused(f"it returned a {type(x).__name__}, which a replay cannot rebuild")
 
+    def _optimizer_grad_guard(self) -> list[tuple[Any, bool]]:
+        """Whether each parameter of an optimizer the step ran had a gradient, for the parameters the
+        step itself never read: an optimizer updates exactly the parameters with a gradient, so one
+        given a ``.grad`` outside the step after capture (an auxiliary loss backpropagated apart)
+        would be skipped by a replay but updated by eager.  The state at the call's start where it
+        is known; otherwise at its end, which can only make a replay recapture (a step that cleared
+        the gradient), never run one eager would not."""
+        seen = {id(r) for r, _ in self.grad_guard if type(r) is not int}
+        seen.update(id(t) for t, _ in self.watched)
+        guard = []
+        for opt, _ in self.optimizer_guard.values():
+            for p in (p for g in opt.param_groups for p in g.get("params", ())):
+                if id(p) in seen or not isinstance(p, Tensor):
+                    continue
+                seen.add(id(p))
+                had = self.had_grad.get(id(p))
+                guard.append((p, p.grad is not None if had is None else had))
+                self.keep.append(p)
+        return guard
+
     def finish(self, out: Any) -> "Capture":
         self._settle()
         self._check_hyper()
@@ -391,7 +414,7 @@ class _Recorder:
         if self.problem is not None:
             raise _Refused(self.problem)
         fresh_draws = any(e[0] in (FRESH, CALL) for e in self.program)  # a Call may draw a key
-        guards = StateGuards(self.grad_guard, self.host_guards, self.requires_grad_guard,
+        guards = StateGuards(self.grad_guard + self._optimizer_grad_guard(), self.host_guards, self.requires_grad_guard,
                              list(self.module_guard.values()), list(self.optimizer_guard.values()),
                              list(self.array_guard.values()))
         return Capture(self.program, self.meta, spec, fresh_draws, guards)
