@@ -9,7 +9,7 @@ in this round, changed bits in the subnormal tail and made the gradient at huge 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -20,6 +20,7 @@ from polygrad.tensor import reductions as R
 from polygrad.tensor.elementwise import where
 
 from tests.helpers import assert_bitwise
+from tests.helpers import weighted_outcome as _outcome
 
 
 def _old_shift(x: pg.Tensor, axis: int) -> pg.Tensor:
@@ -39,15 +40,6 @@ def _old_softmax(x: pg.Tensor, axis: int) -> pg.Tensor:
 
 def _old_elu(x: pg.Tensor, alpha: float) -> pg.Tensor:
     return where(x > 0, x, (where(x > 0, 0.0, x).exp() - 1.0) * alpha)
-
-
-def _outcome(fn: Callable[[pg.Tensor], pg.Tensor], arr: np.ndarray) -> list:
-    x = pg.tensor(arr, requires_grad=True)
-    with np.errstate(all="ignore"):
-        out = fn(x)
-        w = np.linspace(0.5, 1.5, max(out.numel, 1)).reshape(out.shape).astype(arr.dtype)
-        (out * pg.tensor(w)).sum().backward()
-    return [out.numpy().copy(), x.grad.numpy().copy()]
 
 
 # per dtype: the range drawn, and the smallest nonzero magnitude

@@ -23,6 +23,7 @@ from polygrad.tensor import reductions as R
 from polygrad.tensor.elementwise import where
 
 from tests.helpers import assert_bitwise, numerical_grads
+from tests.helpers import weighted_outcome as _outcome
 
 
 def _slow_shift(x: pg.Tensor, axis: Any) -> pg.Tensor:
@@ -79,16 +80,6 @@ def _logits(draw: Any, allow_special: bool = True) -> np.ndarray:
     values = draw(st.lists(element, min_size=n * c, max_size=n * c))
     with np.errstate(over="ignore"):
         return np.asarray(values, dtype=np.float64).reshape(n, c).astype(dtype)
-
-
-def _outcome(fn: Callable[[pg.Tensor], pg.Tensor], arr: np.ndarray) -> list:
-    """The output's bits, and the input's gradient after backpropagating a fixed weighting."""
-    x = pg.tensor(arr, requires_grad=True)
-    with np.errstate(all="ignore"):
-        out = fn(x)
-        w = np.linspace(0.5, 1.5, max(out.numel, 1)).reshape(out.shape).astype(arr.dtype)
-        (out * pg.tensor(w)).sum().backward()
-    return [out.numpy().copy(), str(out.dtype), list(out.shape), x.grad.numpy().copy()]
 
 
 @settings(max_examples=150, deadline=None)
