@@ -3,6 +3,7 @@ optimizer, dropout, host reads), all in one place, and the recorder that turns o
 a program."""
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -113,7 +114,7 @@ class _Recorder:
         # clear it with p.grad = None before the recorder first sees p)
         self.had_grad = {id(t): t.grad is not None for t in (*state, *flat)}
         for opt in optimizers:  # and each known optimizer's parameters: its step skips those without one
-            for p in (p for g in opt.param_groups for p in g.get("params", ())):
+            for p in chain.from_iterable(param_lists(opt)):
                 self.had_grad.setdefault(id(p), p.grad is not None)
         self.host_pending = False
         self.hosts = 0
@@ -391,17 +392,14 @@ class _Recorder:
         would be skipped by a replay but updated by eager.  The state at the call's start where it
         is known; otherwise at its end, which can only make a replay recapture (a step that cleared
         the gradient), never run one eager would not."""
-        seen = {id(r) for r, _ in self.grad_guard if type(r) is not int}
-        seen.update(id(t) for t, _ in self.watched)
+        seen = {id(t) for t, _ in self.watched}  # every tensor the step read has its own grad guard
         guard = []
-        for opt, _ in self.optimizer_guard.values():
-            for p in (p for g in opt.param_groups for p in g.get("params", ())):
-                if id(p) in seen or not isinstance(p, Tensor):
-                    continue
-                seen.add(id(p))
-                had = self.had_grad.get(id(p))
-                guard.append((p, p.grad is not None if had is None else had))
-                self.keep.append(p)
+        for _, lists in self.optimizer_guard.values():  # the lists the optimizer guard holds unchanged
+            for p in chain.from_iterable(lists):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    had = self.had_grad.get(id(p))
+                    guard.append((p, p.grad is not None if had is None else had))
         return guard
 
     def finish(self, out: Any) -> "Capture":
