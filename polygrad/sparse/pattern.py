@@ -240,30 +240,41 @@ class Pattern:
         twin._transpose, twin._device = self._transpose, self._device
         return twin
 
+    def _by_content(self, name: str, arrays: tuple[np.ndarray, ...], build: Callable[[], tuple]) -> tuple:
+        """``build()``, remembered under ``name`` for the last few contents of ``arrays`` (a captured
+        step asks for the same rows on every capture; one that asks for new rows each call must not
+        grow the cache)."""
+        key = tuple((a.shape[0], hash(a.tobytes())) for a in arrays)
+        recent = self._device.setdefault(name, {})
+        cached = recent.get(key)
+        if cached is not None and all(np.array_equal(seen, a) for seen, a in zip(cached[0], arrays)):
+            return cached[1]
+        result = build()
+        if cached is None:
+            if len(recent) >= TAKE_ROWS_CACHED:
+                del recent[next(iter(recent))]  # the oldest
+            frozen = tuple(a.copy() for a in arrays)
+            for a in frozen:
+                a.flags.writeable = False
+            recent[key] = (frozen, result)
+        return result
+
     def take_rows(self, rows: np.ndarray) -> tuple["Pattern", np.ndarray]:
         """(pattern of the rows ``rows`` of this matrix, in that order; the positions of their
         nonzeros here), so ``values[positions]`` are the submatrix's values.  Cached per content of
         ``rows`` (a captured step asks for the same rows on every capture)."""
         rows = np.asarray(rows, dtype=np.int64)
-        key = (rows.shape[0], hash(rows.tobytes()))
-        recent = self._device.setdefault("take_rows", {})  # the last few row sets only: a step that
-        cached = recent.get(key)                            # gathers new rows each call must not grow it
-        if cached is not None and np.array_equal(cached[0], rows):
-            return cached[1], cached[2]
-        starts = self.indptr[rows]
-        lengths = self.indptr[rows + 1] - starts
-        indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        positions = np.arange(int(indptr[-1]), dtype=np.int64) + np.repeat(starts - indptr[:-1], lengths)
-        sub = Pattern((rows.shape[0], self.shape[1]), indptr, self.cols[positions], self.layout)
-        positions.flags.writeable = False
-        rows = rows.copy()
-        rows.flags.writeable = False
-        if cached is None:
-            if len(recent) >= TAKE_ROWS_CACHED:
-                del recent[next(iter(recent))]  # the oldest
-            recent[key] = (rows, sub, positions)
-        return sub, positions
+
+        def build() -> tuple["Pattern", np.ndarray]:
+            starts = self.indptr[rows]
+            lengths = self.indptr[rows + 1] - starts
+            indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+            np.cumsum(lengths, out=indptr[1:])
+            positions = np.arange(int(indptr[-1]), dtype=np.int64) + np.repeat(starts - indptr[:-1], lengths)
+            positions.flags.writeable = False
+            return Pattern((rows.shape[0], self.shape[1]), indptr, self.cols[positions], self.layout), positions
+
+        return cast(tuple, self._by_content("take_rows", (rows,), build))
 
     def restrict(self, rows: np.ndarray, cols: np.ndarray) -> tuple["Pattern", np.ndarray]:
         """(the ``nrows x len(cols)`` pattern that keeps the rows ``rows`` of this matrix and empties
@@ -274,25 +285,17 @@ class Pattern:
         :meth:`take_rows`."""
         rows = np.asarray(rows, dtype=np.int64)
         cols = np.asarray(cols, dtype=np.int64)
-        key = (rows.shape[0], cols.shape[0], hash(rows.tobytes()), hash(cols.tobytes()))
-        recent = self._device.setdefault("restrict", {})
-        cached = recent.get(key)
-        if cached is not None and np.array_equal(cached[0], rows) and np.array_equal(cached[1], cols):
-            return cached[2], cached[3]
-        sub, positions = self.take_rows(rows)
-        lengths = np.zeros(self.shape[0], dtype=np.int64)
-        lengths[rows] = np.diff(sub.indptr)
-        indptr = np.zeros(self.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        renumbered = np.searchsorted(cols, sub.cols)
-        out = Pattern((self.shape[0], cols.shape[0]), indptr, renumbered, self.layout)
-        if cached is None:
-            if len(recent) >= TAKE_ROWS_CACHED:
-                del recent[next(iter(recent))]
-            rows, cols = rows.copy(), cols.copy()
-            rows.flags.writeable = cols.flags.writeable = False
-            recent[key] = (rows, cols, out, positions)
-        return out, positions
+
+        def build() -> tuple["Pattern", np.ndarray]:
+            sub, positions = self.take_rows(rows)
+            lengths = np.zeros(self.shape[0], dtype=np.int64)
+            lengths[rows] = np.diff(sub.indptr)
+            indptr = np.zeros(self.shape[0] + 1, dtype=np.int64)
+            np.cumsum(lengths, out=indptr[1:])
+            renumbered = np.searchsorted(cols, sub.cols)
+            return Pattern((self.shape[0], cols.shape[0]), indptr, renumbered, self.layout), positions
+
+        return cast(tuple, self._by_content("restrict", (rows, cols), build))
 
     def max_row_nnz(self) -> int:
         """The most nonzeros of any row (0 for no rows), computed once and cached."""
