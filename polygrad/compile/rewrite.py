@@ -59,7 +59,7 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
         return None
     add = producer.get(a)
     s = a
-    bias = -1
+    bias = None
     if add is not None and program[add][0] == KERNEL and program[add][2] == (Op.ADD, "dense"):
         s, bias = program[add][3]
         if meta[bias][1] != (shape[1],) or meta[s][1] != shape or readers.get(s) != [add] or s in results:
@@ -80,7 +80,7 @@ def _row_gather_plan(program: list, meta: list, readers: dict, producer: dict, r
     if add is not None and any(p[0] == HOST and not p[2] for p in program[:add]):
         return None  # the bias check sits at the add: a step between the SpMM and it counts too
     vjp = None if stepped else _scattered_spmm_backward(program, readers, index, shape, values, x, pattern)
-    return {"getitem": n, "add": add, "bias": bias if add is not None else None, "spmm": mm, "rows": rows,
+    return {"getitem": n, "add": add, "bias": bias, "spmm": mm, "rows": rows,
             "pattern": pattern, "values": values, "x": x, "s": s, "a": a, "vjp": vjp}
 
 
