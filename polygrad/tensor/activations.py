@@ -5,7 +5,8 @@ it runs on every backend (the scalar reference included) and through the fallbac
 primitive op is needed.  Conventions at 0 follow PyTorch:
 
 * ``leaky_relu'(0) = negative_slope`` (PyTorch takes the ``x > 0`` branch only for positive x);
-* ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``), ``elu'(nan) = 1``;
+* ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``), ``elu'(nan) = 1``,
+  and ``elu`` is ``alpha * expm1(x)`` there, accurate near 0 (``_expm1``);
 * ``gelu'(0) = 0.5`` and ``softplus'(0) = 0.5`` (both smooth there).
 
 Unused branches never poison a gradient: ``where`` routes a zero gradient into the branch it did
@@ -49,13 +50,37 @@ def _nonpositive(x: Tensor, nonpositive: Tensor) -> Tensor:
     return where(nonpositive, x, 0.0)
 
 
+def _expm1(x: Tensor) -> Tensor:
+    """``exp(x) - 1`` to a few ulps at every ``x`` (``exp(x) - 1`` itself loses all digits near 0:
+    it is 0 at ``-1e-8`` in float32), by Kahan's ``(u - 1) * x / log(u)``, ``u = exp(x)``: the
+    rounding errors of ``u - 1`` and ``log(u)`` cancel in the ratio.  Where ``u`` rounds to 1 the
+    answer is ``x`` itself (the sign of -0.0 kept), where ``u - 1`` rounds to -1 it is -1.  No
+    gradient: :func:`elu` supplies its own (``exp(x)``).  The unused branches see safe arguments
+    (``log`` of 0.5, never of 0 or 1), so no warning and no NaN is made."""
+    u = x.exp()
+    um1 = u - 1.0
+    flat = u == 1.0
+    saturated = um1 == -1.0
+    log_u = where(flat, 0.5, where(saturated, 0.5, u)).log()
+    ratio = where(saturated, 0.0, x) / log_u  # (a huge -x over log 0.5 would overflow, unused)
+    return where(flat, x, where(saturated, -1.0, um1 * ratio))
+
+
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
-    """``alpha * (exp(x) - 1)`` where ``x <= 0``, else ``x`` (``torch.nn.functional.elu``: NaN
-    takes the ``x`` branch, so its gradient is 1, as PyTorch's)."""
+    """``alpha * expm1(x)`` where ``x <= 0``, else ``x`` (``torch.nn.functional.elu``: NaN
+    takes the ``x`` branch, so its gradient is 1, as PyTorch's; ``elu(-0.0)`` is -0.0).
+
+    The value is :func:`_expm1`'s (accurate near 0, where ``exp(x) - 1`` cancels), the
+    gradient ``alpha * exp(x)``, PyTorch's: the value is carried by detached tensors and
+    ``exp(x)`` enters as ``m - (exp(x)_detached - exp(x))``, whose value is ``m`` (the
+    difference is +0.0, so even -0.0 survives) and whose derivative is ``exp(x)``."""
     _check_args("elu", x, alpha=alpha)
     x = _floating(x)
     nonpositive = x <= 0
-    return where(nonpositive, (_nonpositive(x, nonpositive).exp() - 1.0) * alpha, x)
+    clamped = _nonpositive(x, nonpositive)
+    e = clamped.exp()
+    m = _expm1(clamped.detach())
+    return where(nonpositive, (m - (e.detach() - e)) * alpha, x)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
