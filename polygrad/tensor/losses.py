@@ -44,10 +44,12 @@ def _check_arguments(name: str, input: Any, size_average: Any, reduce: Any, redu
                      ignore_index: Any) -> None:
     """What every option of the two losses must be, checked before anything runs."""
     if size_average is not None or reduce is not None:
+        # what they meant (PyTorch's _Reduction.legacy_get_string): reduce=False wins, then size_average
+        meant = "none" if reduce is False else "sum" if size_average is False else "mean"
         raise ArgumentError(
             f"{name}: size_average= and reduce= are PyTorch's deprecated arguments and polygrad does not take "
-            f"them (got size_average={size_average!r}, reduce={reduce!r}); use reduction= instead: "
-            "'mean' (the default), 'sum' (size_average=False) or 'none' (reduce=False)")
+            f"them (got size_average={size_average!r}, reduce={reduce!r}); use reduction={meant!r} instead "
+            "(reduction= takes 'mean', 'sum' or 'none')")
     if reduction not in ("mean", "sum", "none"):
         raise ArgumentError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
