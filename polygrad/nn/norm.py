@@ -151,18 +151,21 @@ def _overflow_bound(dtype: Any) -> float:
     return 2.0 ** (np.finfo(dtype).maxexp // 2 - 16)
 
 
-def _scaled(centered: Tensor, axis: int) -> tuple[Tensor, Tensor]:
+def _scaled(centered: Tensor, axis: int) -> tuple[Tensor, Any]:
     """``centered / s`` and ``1 / s**2``, ``s`` a constant per slice along ``axis``: ``max |centered|``
     where that exceeds :func:`_overflow_bound` (its variance would overflow to ``inf`` and the
     layer return a silent 0 -- PyTorch's own kernels do, or NaN, depending on the length), else
-    exactly 1, so every other slice keeps its old bits, values and gradients (``* 1`` is exact)."""
+    exactly 1, so every other slice keeps its old bits, values and gradients (``* 1`` is exact).
+    An empty axis has no max and nothing to scale."""
+    if centered.shape[axis] == 0:
+        return centered, 1.0
     m = centered.detach().abs().max(axis, keepdims=True)
     big = m > _overflow_bound(centered.dtype)
     inv = pg.where(big, pg.where(big, m, 1.0).reciprocal(), 1.0)
     return centered * inv, inv * inv
 
 
-def _normalized(centered: Tensor, axis: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _normalized(centered: Tensor, axis: int, eps: float) -> tuple[Tensor, Tensor, Any]:
     """``centered / sqrt(var + eps)`` along ``axis``, computed on the scaled slices of
     :func:`_scaled` (``eps`` scaled with them; it is negligible against a scaled variance): a
     finite answer at any finite input.  Also the scaled biased variance and ``1 / s**2``."""

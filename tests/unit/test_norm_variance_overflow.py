@@ -105,3 +105,10 @@ def test_batch_norm_running_variance_past_the_float_range_is_inf() -> None:
     bn = nn.BatchNorm1d(1, momentum=1.0, dtype=np.float64)
     bn(pg.tensor(np.array([[1e100], [-1e100]])))  # below the range: the variance as before
     np.testing.assert_allclose(bn.running_var.numpy(), [2e200], rtol=1e-12)
+
+
+def test_an_empty_axis_still_normalises_to_an_empty_result() -> None:
+    with np.errstate(all="ignore"):
+        assert nn.LayerNorm(0, mode="node")(pg.tensor(np.zeros((3, 0), np.float32))).shape == (3, 0)
+        layer = nn.BatchNorm1d(4, track_running_stats=False).eval()
+        assert layer(pg.tensor(np.zeros((0, 4), np.float32))).shape == (0, 4)
