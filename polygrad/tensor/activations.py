@@ -51,19 +51,14 @@ def _nonpositive(x: Tensor, nonpositive: Tensor) -> Tensor:
 
 
 def _expm1(x: Tensor) -> Tensor:
-    """``exp(x) - 1`` to a few ulps at every ``x`` (``exp(x) - 1`` itself loses all digits near 0:
-    it is 0 at ``-1e-8`` in float32), by Kahan's ``(u - 1) * x / log(u)``, ``u = exp(x)``: the
-    rounding errors of ``u - 1`` and ``log(u)`` cancel in the ratio.  Where ``u`` rounds to 1 the
-    answer is ``x`` itself (the sign of -0.0 kept), where ``u - 1`` rounds to -1 it is -1.  No
-    gradient: :func:`elu` supplies its own (``exp(x)``).  The unused branches see safe arguments
-    (``log`` of 0.5, never of 0 or 1), so no warning and no NaN is made."""
-    u = x.exp()
-    um1 = u - 1.0
-    flat = u == 1.0
-    saturated = um1 == -1.0
-    log_u = where(flat, 0.5, where(saturated, 0.5, u)).log()
-    ratio = where(saturated, 0.0, x) / log_u  # (a huge -x over log 0.5 would overflow, unused)
-    return where(flat, x, where(saturated, -1.0, um1 * ratio))
+    """``exp(x) - 1`` to a few ulps at every ``x <= 0`` (``exp(x) - 1`` itself loses all digits
+    near 0: it is 0 at ``-1e-8`` in float32), as ``2 t / (1 - t)`` with ``t = tanh(x / 2)``
+    (``e^x = (1 + t) / (1 - t)``): ``tanh`` is accurate near 0 and ``1 - t`` lies in ``[1, 2]``
+    there, so nothing cancels; ``-0.0`` stays ``-0.0`` and ``-inf`` gives ``-1``.  Below
+    ``x / 2 ~ 2**-1022`` the halving drops the last subnormal bit.  No gradient: :func:`elu`
+    supplies its own (``exp(x)``)."""
+    u = (x * -0.5).tanh()  # u = -t >= 0, so 1 - t is u + 1 (one op, not a negation and an add)
+    return (u * -2.0) * (u + 1.0).reciprocal()
 
 
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
@@ -80,7 +75,10 @@ def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
     clamped = _nonpositive(x, nonpositive)
     e = clamped.exp()
     m = _expm1(clamped.detach())
-    return where(nonpositive, (m - (e.detach() - e)) * alpha, x)
+    negative_branch = m - (e.detach() - e)
+    if alpha != 1.0:  # (times 1 is exact: skipping it saves a pass and changes no bit)
+        negative_branch = negative_branch * alpha
+    return where(nonpositive, negative_branch, x)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
