@@ -22,7 +22,7 @@ from ..ir.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeEr
 from ..ir.ops import Op
 from ..runtime.registry import registry
 
-from .args import Tensor
+from .args import Tensor, _floating
 from .creation import tensor as _tensor
 from .elementwise import _as_operand
 from .reductions import log_softmax
@@ -59,8 +59,9 @@ def _check_arguments(name: str, input: Any, size_average: Any, reduce: Any, redu
     if input.ndim != 2:
         raise ShapeError(f"{name}: input must be [N, C] (polygrad takes no unbatched [C] or [N, C, d1, ...] "
                          f"input: move the class axis last and flatten the rest), got {input.shape}")
-    if input.dtype.kind != "f":
-        raise DTypeError(f"{name}: input must be floating, got {input.dtype}")
+    if input.dtype.kind not in "fiub":
+        raise DTypeError(f"{name}: input must be real (integers and bools are promoted to floating), "
+                         f"got {input.dtype}")
 
 
 def _smoothing(label_smoothing: Any) -> float:
@@ -136,6 +137,7 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, size_average: 
       rows count (the training nodes of a graph), applied before everything else.
     """
     _check_arguments("cross_entropy", input, size_average, reduce, reduction, ignore_index)
+    input = _floating(input)
     eps = _smoothing(label_smoothing)
     if mask is not None:
         input, target = _mask_selects(mask, input, target)
@@ -226,6 +228,7 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None, size_average: Any =
     rows (NaN when none counts).  ``mask`` (keyword only) chooses the rows first, as in
     :func:`cross_entropy`; ``size_average`` / ``reduce`` are refused (use ``reduction``)."""
     _check_arguments("nll_loss", input, size_average, reduce, reduction, ignore_index)
+    input = _floating(input)
     if mask is not None:
         rows = _mask_rows(mask, input.shape[0])
         input, target = input[rows], _target_indices(target, "nll_loss")[rows]

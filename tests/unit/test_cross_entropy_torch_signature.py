@@ -315,3 +315,11 @@ def test_pytorchs_own_errors_agree_where_we_refuse() -> None:
         with pytest.raises((RuntimeError, IndexError, ValueError)):
             call()
 
+
+
+def test_integer_logits_are_promoted_as_before() -> None:
+    """Integer input is promoted to the default float (as before round 8; PyTorch refuses it)."""
+    ints = np.array([[1, 2, 0], [3, 4, 4]])
+    for fn in (lambda x: pg.cross_entropy(x, [0, 2], np.array([1.0, 2.0, 0.5]), label_smoothing=0.1),
+               lambda x: nn.nll_loss(x, [0, 2], np.array([1.0, 2.0, 0.5]))):
+        assert fn(pg.tensor(ints)).item() == fn(pg.tensor(ints.astype(pg.default_float))).item()
