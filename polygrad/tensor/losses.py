@@ -215,8 +215,8 @@ def _weighted_nll(logp: Tensor, idx: np.ndarray, counted: np.ndarray, w: np.ndar
     if reduction == "sum":
         return total, 1.0
     denominator = float(w[cls].sum()) if w is not None else float(rows.size)
-    with np.errstate(divide="ignore", invalid="ignore"):  # PyTorch: 0 / 0 = nan when no row counts
-        scale = float(np.float64(1.0) / np.float64(denominator)) if denominator else float(np.nan)
+    with np.errstate(divide="ignore"):  # summed weights of 0: total * inf, NaN for a 0 total (0 / 0), as PyTorch
+        scale = float(np.float64(1.0) / np.float64(denominator))
     return total * scale, scale
 
 

@@ -323,3 +323,21 @@ def test_integer_logits_are_promoted_as_before() -> None:
     for fn in (lambda x: pg.cross_entropy(x, [0, 2], np.array([1.0, 2.0, 0.5]), label_smoothing=0.1),
                lambda x: nn.nll_loss(x, [0, 2], np.array([1.0, 2.0, 0.5]))):
         assert fn(pg.tensor(ints)).item() == fn(pg.tensor(ints.astype(pg.default_float))).item()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_weights_summing_to_zero_divide_as_torch(smoothing: float) -> None:
+    """Counted rows whose weights sum to 0: PyTorch divides by that 0 (an infinite loss, NaN
+    and infinite gradients), not a NaN made up for it."""
+    torch = _torch()
+    x = np.array([[1.0, 2.0], [0.5, -1.0]])
+    tx = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.cross_entropy(tx, torch.tensor([0, 1]), torch.tensor([1.0, -1.0], dtype=torch.float64),
+                                             label_smoothing=smoothing)
+    want.backward()
+    px = pg.tensor(x, requires_grad=True)
+    with np.errstate(all="ignore"):
+        got = pg.cross_entropy(px, [0, 1], np.array([1.0, -1.0]), label_smoothing=smoothing)
+        got.backward()
+    np.testing.assert_array_equal(got.numpy(), want.detach().numpy())
+    np.testing.assert_array_equal(px.grad.numpy(), tx.grad.numpy())
