@@ -112,3 +112,22 @@ def test_an_empty_axis_still_normalises_to_an_empty_result() -> None:
         assert nn.LayerNorm(0, mode="node")(pg.tensor(np.zeros((3, 0), np.float32))).shape == (3, 0)
         layer = nn.BatchNorm1d(4, track_running_stats=False).eval()
         assert layer(pg.tensor(np.zeros((0, 4), np.float32))).shape == (0, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_any_huge_slice_is_normalised_like_its_float64_reference(data: Any, dtype: Any) -> None:
+    """Generated rows of huge magnitude (some slices big, others ordinary): each comes out as
+    the normalised row computed in float64 from the unscaled pattern."""
+    n, c = data.draw(st.integers(2, 4)), data.draw(st.integers(2, 6))
+    pattern = np.asarray(data.draw(st.lists(st.floats(-4, 4), min_size=n * c, max_size=n * c))).reshape(n, c)
+    pattern[:, 0] += 8.0  # each row has a spread (its normalised value is well defined)
+    top = 300 if dtype == np.float64 else 36  # (the row's sum, for its mean, must stay finite)
+    exponents = np.asarray(data.draw(st.lists(st.integers(0, top), min_size=n, max_size=n)), dtype=np.float64)
+    arr = (pattern * 10.0 ** exponents[:, None]).astype(dtype)
+    with np.errstate(all="ignore"):
+        out = nn.LayerNorm(c, eps=0.0, mode="node", affine=False, dtype=dtype)(pg.tensor(arr)).numpy()
+    ref = arr.astype(np.float64) / 10.0 ** exponents[:, None]  # the pattern as stored, scaled back exactly enough
+    ref = (ref - ref.mean(-1, keepdims=True)) / ref.std(-1, keepdims=True)
+    tol = 1e-9 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
