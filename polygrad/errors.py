@@ -3,13 +3,13 @@
 They are defined in :mod:`polygrad.ir.errors`, the bottom layer every other one imports; named here
 one by one so type checkers and editors see them (tests/unit/test_architecture.py keeps the list whole)."""
 from .ir.errors import (  # noqa: F401  (re-exported)
-    BackendError, BackendUnavailableError, CheckpointError, ConformanceError, DTypeError, DataError,
+    ArgumentError, BackendError, BackendUnavailableError, CheckpointError, ConformanceError, DTypeError, DataError,
     FallbackWarning, GraphError, IndexOutOfRangeError, MemoryBudgetError, MixedBackendError, NonFiniteError,
     PluginWarning, PolygradError, ShapeError, SparseIndexError, describe_exception,
 )
 
 __all__ = [
-    "BackendError", "BackendUnavailableError", "CheckpointError", "ConformanceError", "DTypeError",
+    "ArgumentError", "BackendError", "BackendUnavailableError", "CheckpointError", "ConformanceError", "DTypeError",
     "DataError", "FallbackWarning", "GraphError", "IndexOutOfRangeError", "MemoryBudgetError",
     "MixedBackendError", "NonFiniteError", "PluginWarning", "PolygradError", "ShapeError", "SparseIndexError",
     "describe_exception",

@@ -72,6 +72,11 @@ class IndexOutOfRangeError(PolygradError, IndexError):
     """An index (getitem, gather) is outside the tensor's shape."""
 
 
+class ArgumentError(PolygradError, ValueError):
+    """An argument's value is outside what the op accepts (a reduction name, a smoothing factor,
+    one of PyTorch's deprecated options that polygrad does not take)."""
+
+
 __all__ = [name for name in dir() if name.endswith(("Error", "Warning"))]
 
 

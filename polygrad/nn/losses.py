@@ -14,19 +14,23 @@ import numpy as np
 import polygrad as pg
 from polygrad.tensor.activations import softplus
 from polygrad.ir.errors import DTypeError, ShapeError
-from polygrad.tensor import Tensor, index_add, mse, reduce_losses as _reduce  # mse: one definition, pg.mse
+from polygrad.tensor import Tensor, mse, reduce_losses as _reduce  # mse: one definition, pg.mse
+from polygrad.tensor.losses import cross_entropy as _cross_entropy, nll_loss as _nll_loss
 
 __all__ = ["cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "mse", "max_margin", "hinge",
            "l2_penalty", "accuracy", "roc_auc_score"]
 
 
-def cross_entropy(logits: Tensor, target: Any, mask: Any = None, reduction: str = "mean") -> Tensor:
-    """Softmax cross-entropy of ``logits [N, C]`` against integer classes ``[N]``.
-
-    ``mask``: a boolean ``[N]`` array or an index array choosing which rows count (the training
-    nodes of a graph); the loss is averaged over those rows only.
+def cross_entropy(input: Tensor, target: Any, weight: Any = None, size_average: Any = None,  # noqa: A002
+                  ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
+                  label_smoothing: float = 0.0, *, mask: Any = None) -> Tensor:
+    """Softmax cross-entropy of logits ``input [N, C]``: PyTorch's ``cross_entropy`` arguments
+    (``weight`` per class, ``ignore_index``, ``reduction``, ``label_smoothing``, probability
+    targets) plus polygrad's keyword-only ``mask``, a boolean ``[N]`` array or an index array
+    choosing which rows count (the training nodes of a graph).  See :func:`polygrad.cross_entropy`.
     """
-    return pg.cross_entropy(logits, target, mask=mask, reduction=reduction)
+    return _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
+                          mask=mask)
 
 
 def _host(value: Any) -> np.ndarray:
@@ -64,40 +68,13 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Any, weight: Any = N
     return _reduce(losses, reduction, "binary_cross_entropy_with_logits")
 
 
-def nll_loss(input: Tensor, target: Any, weight: Any = None, ignore_index: int = -100,
-             reduction: str = "mean") -> Tensor:  # noqa: A002 - PyTorch's name
+def nll_loss(input: Tensor, target: Any, weight: Any = None, size_average: Any = None,  # noqa: A002
+             ignore_index: int = -100, reduce: Any = None, reduction: str = "mean", *, mask: Any = None) -> Tensor:
     """Negative log-likelihood of log-probabilities ``input [N, C]`` at integer classes ``target [N]``
-    (PyTorch's ``nll_loss``): ``-w[t] input[i, t]`` per row; rows whose target is
-    ``ignore_index`` count for nothing; "mean" divides by the summed weights of the counted rows."""
-    if not isinstance(input, Tensor) or input.ndim != 2:
-        raise ShapeError("nll_loss: input must be a polygrad tensor [N, C], "
-                         f"got {getattr(input, 'shape', type(input))}")
-    idx = _host(target)
-    if idx.dtype.kind not in "iu":
-        raise DTypeError(f"nll_loss: targets must be integer classes, got {idx.dtype}")
-    idx = idx.astype(np.int64)
-    n, c = input.shape
-    if idx.shape != (n,):
-        raise ShapeError(f"nll_loss: targets of shape {idx.shape} must be [N] = ({n},) for input {input.shape}")
-    counted = idx != ignore_index
-    if counted.any() and (idx[counted].min() < 0 or idx[counted].max() >= c):
-        raise ShapeError(f"nll_loss: target class out of range [0, {c})")
-    w = np.ones(c) if weight is None else _host(weight).astype(np.float64)
-    if w.shape != (c,):
-        raise ShapeError(f"nll_loss: weight of shape {w.shape} must be [C] = ({c},)")
-    rows = np.flatnonzero(counted)
-    per_row = np.zeros(n)
-    per_row[rows] = w[idx[rows]]
-    picked = input[rows, idx[rows]]
-    scale = pg.tensor(per_row[rows].astype(input.dtype), backend=input.backend)
-    if reduction == "none":  # no counted row: zeros that still reach ``input`` (a zero gradient)
-        return index_add(-(picked * scale), (rows,), (n,))
-    total = -(picked * scale).sum()
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total * (1.0 / per_row.sum())  # PyTorch: nan when no row counts
-    raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    (PyTorch's ``nll_loss``, same arguments and order): ``-w[t] input[i, t]`` per row; rows whose
+    target is ``ignore_index`` count for nothing; "mean" divides by the summed weights of the
+    counted rows (NaN when none counts).  ``mask`` (keyword only) chooses the rows first."""
+    return _nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction, mask=mask)
 
 
 def roc_auc_score(y_true: Any, y_score: Any) -> float:

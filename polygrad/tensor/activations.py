@@ -5,7 +5,8 @@ it runs on every backend (the scalar reference included) and through the fallbac
 primitive op is needed.  Conventions at 0 follow PyTorch:
 
 * ``leaky_relu'(0) = negative_slope`` (PyTorch takes the ``x > 0`` branch only for positive x);
-* ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``), ``elu'(nan) = 1``;
+* ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``), ``elu'(nan) = 1``,
+  and ``elu`` is ``alpha * expm1(x)`` there, accurate near 0 (``_expm1``);
 * ``gelu'(0) = 0.5`` and ``softplus'(0) = 0.5`` (both smooth there).
 
 Unused branches never poison a gradient: ``where`` routes a zero gradient into the branch it did
@@ -49,13 +50,35 @@ def _nonpositive(x: Tensor, nonpositive: Tensor) -> Tensor:
     return where(nonpositive, x, 0.0)
 
 
+def _expm1(x: Tensor) -> Tensor:
+    """``exp(x) - 1`` to a few ulps at every ``x <= 0`` (``exp(x) - 1`` itself loses all digits
+    near 0: it is 0 at ``-1e-8`` in float32), as ``2 t / (1 - t)`` with ``t = tanh(x / 2)``
+    (``e^x = (1 + t) / (1 - t)``): ``tanh`` is accurate near 0 and ``1 - t`` lies in ``[1, 2]``
+    there, so nothing cancels; ``-0.0`` stays ``-0.0`` and ``-inf`` gives ``-1``.  Below
+    ``x / 2 ~ 2**-1022`` the halving drops the last subnormal bit.  No gradient: :func:`elu`
+    supplies its own (``exp(x)``)."""
+    u = (x * -0.5).tanh()  # u = -t >= 0, so 1 - t is u + 1 (one op, not a negation and an add)
+    return (u * -2.0) * (u + 1.0).reciprocal()
+
+
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
-    """``alpha * (exp(x) - 1)`` where ``x <= 0``, else ``x`` (``torch.nn.functional.elu``: NaN
-    takes the ``x`` branch, so its gradient is 1, as PyTorch's)."""
+    """``alpha * expm1(x)`` where ``x <= 0``, else ``x`` (``torch.nn.functional.elu``: NaN
+    takes the ``x`` branch, so its gradient is 1, as PyTorch's; ``elu(-0.0)`` is -0.0).
+
+    The value is :func:`_expm1`'s (accurate near 0, where ``exp(x) - 1`` cancels), the
+    gradient ``alpha * exp(x)``, PyTorch's: the value is carried by detached tensors and
+    ``exp(x)`` enters as ``m - (exp(x)_detached - exp(x))``, whose value is ``m`` (the
+    difference is +0.0, so even -0.0 survives) and whose derivative is ``exp(x)``."""
     _check_args("elu", x, alpha=alpha)
     x = _floating(x)
     nonpositive = x <= 0
-    return where(nonpositive, (_nonpositive(x, nonpositive).exp() - 1.0) * alpha, x)
+    clamped = _nonpositive(x, nonpositive)
+    e = clamped.exp()
+    m = _expm1(clamped.detach())
+    negative_branch = m - (e.detach() - e)
+    if alpha != 1.0:  # (times 1 is exact: skipping it saves a pass and changes no bit)
+        negative_branch = negative_branch * alpha
+    return where(nonpositive, negative_branch, x)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:

@@ -1,84 +1,253 @@
-"""Losses: cross_entropy and mse, composites whose gradients come from the gradient table.
+"""Losses: cross_entropy, nll_loss and mse, composites whose gradients come from the gradient table.
 
-Cross-entropy at integer classes runs as one primitive, ``Op.CROSS_ENTROPY``, on a backend that
-has its kernel: the composite's own steps without their two dozen dispatches
-(:mod:`polygrad.engine.cross_entropy`), the same bits; elsewhere, the composite itself.
+``cross_entropy`` and ``nll_loss`` take PyTorch's signatures and semantics (``weight`` per class,
+``ignore_index``, ``reduction``, ``label_smoothing``, probability targets), plus polygrad's
+keyword-only ``mask`` choosing which rows count (the training nodes of a graph).
+
+Cross-entropy at integer classes with no weight, no smoothing and no ignored row runs as one
+primitive, ``Op.CROSS_ENTROPY``, on a backend that has its kernel: the composite's own steps
+without their two dozen dispatches (:mod:`polygrad.engine.cross_entropy`), the same bits;
+elsewhere, and with the other options, the composite itself.
 """
 from __future__ import annotations
 
+from numbers import Real
+from typing import Any
 
 import numpy as np
 
 from ..engine import dispatch
 from ..engine.dispatch import apply
-from ..ir.errors import DTypeError, IndexOutOfRangeError, ShapeError
+from ..ir.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from ..ir.ops import Op
 from ..runtime.registry import registry
 
-from .args import Tensor
+from .args import Tensor, _floating
+from .creation import tensor as _tensor
 from .elementwise import _as_operand
 from .reductions import log_softmax
+from .indexing import index_add
 from .sparse_routing import is_sparse
 
 
-def _target_indices(target) -> np.ndarray:
+def _target_indices(target, name: str = "cross_entropy") -> np.ndarray:
     try:
         arr = target.numpy() if isinstance(target, Tensor) else np.asarray(target)
     except (ValueError, TypeError) as exc:  # ragged nested lists
-        raise ShapeError(f"cross_entropy: class targets must be an integer array: {exc}") from None
+        raise ShapeError(f"{name}: class targets must be an integer array: {exc}") from None
     if arr.dtype.kind not in "iu":
-        raise DTypeError(f"cross_entropy: class targets must be integers, got {arr.dtype}")
+        raise DTypeError(f"{name}: class targets must be integers, got {arr.dtype}")
     return arr.astype(np.int64)
 
 
-def cross_entropy(logits: Tensor, target, mask=None, reduction: str = "mean") -> Tensor:
-    """Softmax cross-entropy over the last axis of ``logits`` [N, C].
+def _check_arguments(name: str, input: Any, size_average: Any, reduce: Any, reduction: str,
+                     ignore_index: Any) -> None:
+    """What every option of the two losses must be, checked before anything runs."""
+    if size_average is not None or reduce is not None:
+        # what they meant (PyTorch's _Reduction.legacy_get_string): reduce=False wins, then size_average
+        meant = "none" if reduce is False else "sum" if size_average is False else "mean"
+        raise ArgumentError(
+            f"{name}: size_average= and reduce= are PyTorch's deprecated arguments and polygrad does not take "
+            f"them (got size_average={size_average!r}, reduce={reduce!r}); use reduction={meant!r} instead "
+            "(reduction= takes 'mean', 'sum' or 'none')")
+    if reduction not in ("mean", "sum", "none"):
+        raise ArgumentError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise ArgumentError(f"{name}: ignore_index must be an integer class, got {ignore_index!r}")
+    if not isinstance(input, Tensor):
+        raise DTypeError(f"{name}: input must be a polygrad tensor, got {type(input).__name__}")
+    if input.ndim != 2:
+        raise ShapeError(f"{name}: input must be [N, C] (polygrad takes no unbatched [C] or [N, C, d1, ...] "
+                         f"input: move the class axis last and flatten the rest), got {input.shape}")
+    if input.dtype.kind not in "fiub":
+        raise DTypeError(f"{name}: input must be real (integers and bools are promoted to floating), "
+                         f"got {input.dtype}")
 
-    ``target``: integer class indices [N] (or class probabilities [N, C]).  ``mask``: a boolean
-    mask [N] or an index array selecting which rows count (e.g. the training nodes of a graph).
+
+def _smoothing(label_smoothing: Any) -> float:
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, Real) \
+            or not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ArgumentError(f"cross_entropy: label_smoothing must be a number in [0.0, 1.0], got {label_smoothing!r}")
+    return float(label_smoothing)
+
+
+def _class_weight(name: str, weight: Any, input: Tensor) -> np.ndarray | None:
+    """``weight`` as a float64 host array [C] (a constant: no gradient reaches it, as in PyTorch)."""
+    if weight is None:
+        return None
+    if isinstance(weight, Tensor):
+        if weight.requires_grad:
+            raise ArgumentError(f"{name}: weight takes no gradient (PyTorch does not differentiate it either); "
+                                "pass weight.detach()")
+        arr = weight.numpy()
+    else:
+        try:
+            arr = np.asarray(weight)
+        except (ValueError, TypeError) as exc:
+            raise ShapeError(f"{name}: weight must be a 1-D array of one float per class: {exc}") from None
+        if isinstance(weight, np.ndarray) and dispatch._recording.get() is not None:
+            dispatch._recording.get().host_array(weight)  # pg.compile guards the weights by content
+    c = input.shape[1]
+    if arr.dtype.kind != "f":
+        raise DTypeError(f"{name}: weight must be floating (one float per class), got {arr.dtype}")
+    if arr.shape != (c,):
+        raise ShapeError(f"{name}: weight of shape {arr.shape} must be [C] = ({c},) for input {input.shape}")
+    return arr.astype(np.float64)
+
+
+def _probabilities(target: Any, input: Tensor) -> Tensor | None:
+    """``target`` as class probabilities [N, C] (a floating tensor, or a floating array of the
+    input's shape, as PyTorch's "same shape means probabilities"); None for class indices."""
+    if isinstance(target, Tensor):
+        return target if target.dtype.kind == "f" else None
+    if isinstance(target, np.ndarray) and target.dtype.kind == "f" and target.shape == tuple(input.shape):
+        return _tensor(target.astype(input.dtype, copy=False), backend=input.backend)
+    return None
+
+
+def _mask_selects(mask: Any, input: Tensor, target: Any) -> tuple[Tensor, Any]:
+    rows = _mask_rows(mask, input.shape[0])
+    if isinstance(target, Tensor) and target.dtype.kind == "f":
+        return input[rows], target[rows]
+    probs = _probabilities(target, input)
+    if probs is not None:
+        return input[rows], probs[rows]
+    return input[rows], _target_indices(target)[rows]
+
+
+def cross_entropy(input: Tensor, target: Any, weight: Any = None, size_average: Any = None,  # noqa: A002
+                  ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
+                  label_smoothing: float = 0.0, *, mask: Any = None) -> Tensor:
+    """Softmax cross-entropy over the last axis of ``input [N, C]`` (logits), PyTorch's
+    ``torch.nn.functional.cross_entropy``: same arguments, order and results.
+
+    * ``target``: integer class indices ``[N]``, or class probabilities ``[N, C]`` (a floating
+      tensor, or a floating array of the input's shape).
+    * ``weight``: a floating ``[C]`` weight per class (a constant).  Each row's loss is scaled by
+      its target's weight and "mean" divides by the summed weights of the counted rows (not by
+      their number); with probability targets "mean" divides by ``N``.
+    * ``ignore_index``: rows whose class is this count for nothing (zero loss, zero gradient,
+      left out of the mean's denominator); all rows ignored gives NaN for "mean", as in PyTorch.
+      Probability targets take no ``ignore_index`` (it must stay negative).
+    * ``label_smoothing`` in ``[0, 1]``: PyTorch's mix ``(1 - e) * nll + e / C * smooth``, where
+      ``smooth = -sum_c w[c] log p[c]`` per counted row (divided by the same summed weights for
+      "mean"); for probability targets the targets become ``t * (1 - e) + e / C``.
+    * ``size_average`` / ``reduce``: PyTorch's deprecated arguments, refused (use ``reduction``).
+    * ``mask`` (polygrad's, keyword only): a boolean ``[N]`` mask or an index array choosing which
+      rows count (the training nodes of a graph), applied before everything else.
     """
-    if logits.ndim != 2:
-        raise ShapeError(f"cross_entropy: logits must be [N, C], got {logits.shape}")
+    _check_arguments("cross_entropy", input, size_average, reduce, reduction, ignore_index)
+    input = _floating(input)
+    eps = _smoothing(label_smoothing)
     if mask is not None:
-        rows = _mask_rows(mask, logits.shape[0])
-        logits = logits[rows]
-        if isinstance(target, Tensor) and target.dtype.kind == "f":
-            target = target[rows]
-        else:
-            target = _target_indices(target)[rows]
-    if not (isinstance(target, Tensor) and target.dtype.kind == "f"):
-        fused = _fused_cross_entropy(logits, target, reduction)
+        input, target = _mask_selects(mask, input, target)
+    n, c = input.shape
+    w = _class_weight("cross_entropy", weight, input)
+    probs = _probabilities(target, input)
+    if probs is not None:
+        if ignore_index >= 0:
+            raise ArgumentError(f"cross_entropy: ignore_index={ignore_index} is not supported for probability "
+                                "targets (as in PyTorch)")
+        return _soft_cross_entropy(input, probs, w, reduction, eps)
+    idx = _class_targets("cross_entropy", target, input, ignore_index)
+    counted = idx != ignore_index
+    if w is None and eps == 0.0 and counted.all():  # PyTorch's plain case: one fused op where it can
+        fused = _fused_cross_entropy(input, idx, reduction)
         if fused is not None:
             return fused
-    logp = log_softmax(logits, -1)
-    if isinstance(target, Tensor) and target.dtype.kind == "f":
-        if target.shape != logits.shape:
-            raise ShapeError(f"cross_entropy: probability targets {target.shape} must match logits {logits.shape}")
-        losses = -(target * logp).sum(-1)
+        return reduce_losses(-log_softmax(input, -1)[np.arange(n), idx], reduction, "cross_entropy")
+    logp = log_softmax(input, -1)
+    nll, scale = _weighted_nll(logp, idx, counted, w, reduction)
+    if eps == 0.0:
+        return nll
+    # the smoothing term: -sum_c w[c] logp[i, c] over the counted rows (PyTorch zeroes the ignored ones)
+    rows = np.flatnonzero(counted)
+    picked = logp if rows.size == n else logp[rows]
+    if w is not None:
+        picked = picked * _tensor(w.astype(input.dtype), backend=input.backend)
+    smooth = -picked.sum(-1)
+    if reduction == "none":
+        smooth_term = smooth if rows.size == n else index_add(smooth, (rows,), (n,))
     else:
-        idx = _target_indices(target)
-        if idx.shape != (logits.shape[0],):
-            raise ShapeError(f"cross_entropy: targets {idx.shape} must be [N] for logits {logits.shape}")
-        if idx.size and (idx.min() < 0 or idx.max() >= logits.shape[1]):
-            raise ShapeError(f"cross_entropy: target class out of range [0, {logits.shape[1]})")
-        losses = -logp[np.arange(idx.shape[0]), idx]
-    return reduce_losses(losses, reduction, "cross_entropy")
+        smooth_term = smooth.sum()
+        if reduction == "mean":
+            smooth_term = smooth_term * scale
+    return nll * (1.0 - eps) + smooth_term * (eps / c)
+
+
+def _soft_cross_entropy(input: Tensor, probs: Tensor, w: np.ndarray | None, reduction: str, eps: float) -> Tensor:
+    """PyTorch's ``cross_entropy_loss_prob_target``: ``-sum_c logp * t * w`` per row; "mean"
+    divides by ``N`` (NaN for no rows), whatever the weights."""
+    if probs.shape != input.shape:
+        raise ShapeError(f"cross_entropy: probability targets {probs.shape} must match input {input.shape}")
+    logp = log_softmax(input, -1)
+    if eps > 0.0:
+        probs = probs * (1.0 - eps) + eps / input.shape[1]
+    terms = logp * probs if w is None else logp * probs * _tensor(w.astype(input.dtype), backend=input.backend)
+    return reduce_losses(-terms.sum(-1), reduction, "cross_entropy")
+
+
+def _class_targets(name: str, target: Any, input: Tensor, ignore_index: int) -> np.ndarray:
+    idx = _target_indices(target, name)
+    n, c = input.shape
+    if idx.shape != (n,):
+        raise ShapeError(f"{name}: targets {idx.shape} must be [N] = ({n},) for input {input.shape}")
+    bad = (idx != ignore_index) & ((idx < 0) | (idx >= c))
+    if bad.any():
+        raise ShapeError(f"{name}: target class out of range [0, {c}) for input {input.shape}: "
+                         f"{int(idx[bad][0])} (ignore_index={ignore_index})")
+    return idx
+
+
+def _weighted_nll(logp: Tensor, idx: np.ndarray, counted: np.ndarray, w: np.ndarray | None,
+                  reduction: str) -> tuple[Tensor, float]:
+    """``-w[t] logp[i, t]`` over the counted rows, reduced as PyTorch's ``nll_loss`` ("mean"
+    divides by the counted rows' summed weights), and the factor "mean" scaled the sum by."""
+    n = logp.shape[0]
+    rows = np.flatnonzero(counted)
+    cls = idx[rows]
+    picked = logp[rows, cls]
+    if w is not None:
+        picked = picked * _tensor(w[cls].astype(logp.dtype), backend=logp.backend)
+    if reduction == "none":  # no counted row: zeros that still reach ``logp`` (a zero gradient)
+        return index_add(-picked, (rows,), (n,)), 1.0
+    total = -picked.sum()
+    if reduction == "sum":
+        return total, 1.0
+    denominator = float(w[cls].sum()) if w is not None else float(rows.size)
+    with np.errstate(divide="ignore"):  # summed weights of 0: total * inf, NaN for a 0 total (0 / 0), as PyTorch
+        scale = float(np.float64(1.0) / np.float64(denominator))
+    return total * scale, scale
+
+
+def nll_loss(input: Tensor, target: Any, weight: Any = None, size_average: Any = None,  # noqa: A002
+             ignore_index: int = -100, reduce: Any = None, reduction: str = "mean", *, mask: Any = None) -> Tensor:
+    """Negative log-likelihood of log-probabilities ``input [N, C]`` at integer classes ``target [N]``,
+    PyTorch's ``torch.nn.functional.nll_loss``: ``-w[t] input[i, t]`` per row; rows whose target
+    is ``ignore_index`` count for nothing; "mean" divides by the summed weights of the counted
+    rows (NaN when none counts).  ``mask`` (keyword only) chooses the rows first, as in
+    :func:`cross_entropy`; ``size_average`` / ``reduce`` are refused (use ``reduction``)."""
+    _check_arguments("nll_loss", input, size_average, reduce, reduction, ignore_index)
+    input = _floating(input)
+    if mask is not None:
+        rows = _mask_rows(mask, input.shape[0])
+        input, target = input[rows], _target_indices(target, "nll_loss")[rows]
+    w = _class_weight("nll_loss", weight, input)
+    idx = _class_targets("nll_loss", target, input, ignore_index)
+    return _weighted_nll(input, idx, idx != ignore_index, w, reduction)[0]
 
 
 _KEY = (Op.CROSS_ENTROPY, "dense")
 
 
-def _fused_cross_entropy(logits: Tensor, target, reduction: str) -> Tensor | None:
+def _fused_cross_entropy(logits: Tensor, idx: np.ndarray, reduction: str) -> Tensor | None:
     """The loss as one ``Op.CROSS_ENTROPY`` where it gives the composite's result (a dense
-    floating ``[N, C >= 1]`` tensor on a backend with the op's kernel, integer targets, a known
-    reduction); None where the composite must run (or report the error)."""
+    floating ``[N, C >= 1]`` tensor on a backend with the op's kernel, validated int64 classes
+    ``[N]``, a known reduction); None where the composite must run."""
     if (is_sparse(logits) or logits.dtype.kind != "f" or logits.shape[1] < 1
             or reduction not in ("mean", "sum", "none")
             or registry.tables.get(logits._be.name, _NONE).get(_KEY) is None):
         return None
-    idx = _target_indices(target)
-    if idx.shape != (logits.shape[0],) or (idx.size and (idx.min() < 0 or idx.max() >= logits.shape[1])):
-        return None  # the composite names the problem
     rec = dispatch._recording.get()
     if rec is not None:  # pg.compile guards the classes by content, as it does a getitem's index
         rec.host_array(idx)
@@ -96,7 +265,7 @@ def reduce_losses(losses: Tensor, reduction: str, name: str) -> Tensor:
         return losses.sum()
     if reduction == "none":
         return losses
-    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    raise ArgumentError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _mask_rows(mask, n: int) -> np.ndarray:

@@ -65,6 +65,19 @@ def _torch_ce(x, t=(0,), red="mean"):
     return _torch().nn.functional.cross_entropy(x, _classes(*t), reduction=red)
 
 
+def _ce_options(x, t, weight=None, **kwargs):
+    """cross_entropy with PyTorch's options (class weight, ignore_index, label_smoothing)."""
+    w = None if weight is None else np.asarray(weight, dtype=np.float64)
+    return _pg().cross_entropy(x, np.asarray(t), w, **kwargs)
+
+
+def _torch_ce_options(x, t, weight=None, **kwargs):
+    torch = _torch()
+    target = torch.tensor(np.asarray(t))
+    w = None if weight is None else torch.tensor(weight, dtype=torch.float64)
+    return torch.nn.functional.cross_entropy(x, target, w, **kwargs)
+
+
 def _graph_layer_norm(x):
     from polygrad.nn import LayerNorm
     return LayerNorm(x.shape[1], affine=False, backend=x.backend)(x)
@@ -140,6 +153,25 @@ EDGE_CASES: tuple[EdgeCase, ...] = (
              _torch_graph_layer_norm, value=[[0.0, 0.0], [0.0, 0.0]]),
     EdgeCase("elu-nan", lambda x: _pg().elu(x), ([NAN, 0.0, -1.0],), ([1.0, 1.0, 0.36787944117144233],),
              lambda x: _torch().nn.functional.elu(x), value=[NAN, 0.0, -0.6321205588285577]),
+    EdgeCase("elu-expm1-near-zero", lambda x: _pg().elu(x), ([-1e-8, -0.0, -1e-300],),
+             ([0.9999999900000001, 1.0, 1.0],),
+             lambda x: _torch().nn.functional.elu(x), value=[-9.999999950000001e-09, -0.0, -1e-300]),
+    EdgeCase("cross-entropy-all-ignored-weighted-mean", lambda x: _ce_options(x, (-100, -100), (1.0, 2.0)),
+             ([[1.0, 2.0], [3.0, 4.0]],), ([[0.0, 0.0], [0.0, 0.0]],),
+             lambda x: _torch_ce_options(x, (-100, -100), (1.0, 2.0)), value=NAN),
+    EdgeCase("cross-entropy-smoothing-neg-inf-logit",
+             lambda x: _ce_options(x, (0, 1), label_smoothing=0.1, reduction="none"), ([[0.0, -INF], [1.0, 2.0]],),
+             ([[0.04999999999999993, -0.05], [0.21894142136999512, -0.21894142136999517]],),
+             lambda x: _torch_ce_options(x, (0, 1), label_smoothing=0.1, reduction="none"),
+             value=[INF, 0.3632616875182229]),
+    EdgeCase("cross-entropy-smoothing-zero-weight-neg-inf",  # 0 * -inf in the smoothing sum: NaN, as torch
+             lambda x: _ce_options(x, (0, 1), (1.0, 0.0), label_smoothing=0.2), ([[0.0, -INF], [1.0, 2.0]],),
+             ([[0.0, 0.0], [-0.07310585786300049, 0.07310585786300049]],),
+             lambda x: _torch_ce_options(x, (0, 1), (1.0, 0.0), label_smoothing=0.2), value=NAN),
+    EdgeCase("cross-entropy-smoothing-inf-logit-ignored-row",
+             lambda x: _ce_options(x, (0, -100), label_smoothing=0.1, reduction="sum"), ([[INF, 0.0], [1.0, 2.0]],),
+             ([[NAN, NAN], [0.0, 0.0]],),
+             lambda x: _torch_ce_options(x, (0, -100), label_smoothing=0.1, reduction="sum"), value=NAN),
     EdgeCase("relu-neg-inf", lambda x: x.relu(), ([-INF, -2.0, -0.0],), ([0.0, 0.0, 0.0],), value=[0.0, 0.0, -0.0]),
 )
 

@@ -1,7 +1,8 @@
 """The PyTorch edge conventions of round 7 change only non-finite (or overflowing) points.
 
 softmax / log_softmax / cross_entropy now shift by the plain row max (a +-inf max makes the row
-NaN, as in PyTorch) and elu takes NaN down its ``x`` branch.  For finite inputs each must give
+NaN, as in PyTorch) and elu takes NaN down its ``x`` branch (round 8 then made elu's value
+``expm1``'s, keeping its gradient's bits).  For finite inputs each must give
 the bits of the formula it replaced, values and gradients: checked here against those formulas,
 with generated inputs in float64 and float32.  (gelu keeps its formula: halving Phi first, tried
 in this round, changed bits in the subnormal tail and made the gradient at huge |x| NaN.)
@@ -74,8 +75,19 @@ def test_cross_entropy_keeps_its_finite_bits(data: Any, arr: np.ndarray) -> None
 
 @settings(max_examples=100, deadline=None)
 @given(arr=_finite(WIDE), alpha=st.sampled_from([1.0, 0.5, 2.0]))
-def test_elu_keeps_its_finite_bits(arr: np.ndarray, alpha: float) -> None:
-    assert_bitwise(_outcome(lambda x: pg.elu(x, alpha), arr), _outcome(lambda x: _old_elu(x, alpha), arr))
+def test_elu_keeps_its_finite_gradient_bits_and_its_value_is_expm1s(arr: np.ndarray, alpha: float) -> None:
+    """Round 8 made elu's value ``alpha * expm1(x)`` (``exp(x) - 1`` cancelled near 0): the
+    gradient keeps the old formula's bits, the value is within a few ulps of numpy's expm1, and
+    the positive branch keeps its bits."""
+    new, old = _outcome(lambda x: pg.elu(x, alpha), arr), _outcome(lambda x: _old_elu(x, alpha), arr)
+    assert_bitwise(new[1:], old[1:])
+    positive = arr > 0
+    assert_bitwise(new[0][positive], old[0][positive])
+    neg = arr[~positive]
+    want = (alpha * np.expm1(neg.astype(np.float64))).astype(arr.dtype)
+    got = new[0][~positive]
+    assert np.all(np.signbit(got) == np.signbit(want))
+    assert np.all(np.abs(got.astype(np.float64) - want) <= 6 * np.spacing(np.abs(want))), (neg, got, want)
 
 
 def test_gelu_gradient_at_huge_inputs_stays_finite_for_any_upstream_gradient() -> None:
