@@ -93,11 +93,11 @@ class BatchNorm1d(Module):
                 raise ShapeError(f"{type(self).__name__}: expected more than 1 value per channel when training, "
                                  f"got input of shape {x.shape}")
             mean = x.mean(0)
-            out, var, inv2 = _normalized(x - mean, 0, self.eps)
+            centered = x - mean
+            var = (centered * centered).mean(0)
             if update:
-                with np.errstate(over="ignore", divide="ignore"):  # a variance past the float range is inf
-                    var = (var / inv2).reshape(self.num_features)
                 self._update_running_stats(mean, var, n)
+            out = centered / (var + self.eps) ** 0.5
         else:
             running_mean, running_var, _ = self._stats()
             out = (x - running_mean) / (running_var + self.eps) ** 0.5
@@ -145,35 +145,6 @@ class BatchNorm(Module):
         return self.module.extra_repr()
 
 
-def _overflow_bound(dtype: Any) -> float:
-    """The largest ``|x - mean|`` whose squares summed over up to 2**32 terms cannot overflow
-    (float64: 2**496, float32: 2**48)."""
-    return 2.0 ** (np.finfo(dtype).maxexp // 2 - 16)
-
-
-def _scaled(centered: Tensor, axis: int) -> tuple[Tensor, Any]:
-    """``centered / s`` and ``1 / s**2``, ``s`` a constant per slice along ``axis``: ``max |centered|``
-    where that exceeds :func:`_overflow_bound` (its variance would overflow to ``inf`` and the
-    layer return a silent 0 -- PyTorch's own kernels do, or NaN, depending on the length), else
-    exactly 1, so every other slice keeps its old bits, values and gradients (``* 1`` is exact).
-    An empty axis has no max and nothing to scale."""
-    if centered.shape[axis] == 0:
-        return centered, 1.0
-    m = centered.detach().abs().max(axis, keepdims=True)
-    big = m > _overflow_bound(centered.dtype)
-    inv = pg.where(big, pg.where(big, m, 1.0).reciprocal(), 1.0)
-    return centered * inv, inv * inv
-
-
-def _normalized(centered: Tensor, axis: int, eps: float) -> tuple[Tensor, Tensor, Any]:
-    """``centered / sqrt(var + eps)`` along ``axis``, computed on the scaled slices of
-    :func:`_scaled` (``eps`` scaled with them; it is negligible against a scaled variance): a
-    finite answer at any finite input.  Also the scaled biased variance and ``1 / s**2``."""
-    scaled, inv2 = _scaled(centered, axis)
-    var = (scaled * scaled).mean(axis, keepdims=True)
-    return scaled / (var + eps * inv2) ** 0.5, var, inv2
-
-
 def _std_of_centered(centered: Tensor) -> Tensor:
     """``sqrt(mean(centered ** 2))`` (PyG's ``x.std(unbiased=False)``) with PyTorch's gradient at a
     zero std: 0, not ``sqrt'(0) * 0 = inf * 0 = nan`` (``torch.std``'s backward masks it).  The
@@ -209,7 +180,8 @@ class LayerNorm(Module):
     def forward(self, x: Tensor, batch: Any = None, batch_size: int | None = None) -> Tensor:
         x = _features("LayerNorm", x, self.in_channels)
         if self.mode == "node":
-            out = _normalized(x - x.mean(-1, keepdims=True), -1, self.eps)[0]
+            centered = x - x.mean(-1, keepdims=True)
+            out = centered / ((centered * centered).mean(-1, keepdims=True) + self.eps) ** 0.5
         elif batch is None:
             centered = x - x.mean()
             out = centered / (_std_of_centered(centered) + self.eps)
