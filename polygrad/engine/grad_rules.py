@@ -101,6 +101,12 @@ def _exp_rule(node, out, g):
     return (_mul(g, out),)
 
 
+def _expm1_rule(node, out, g):
+    # exp(x) itself rather than PyTorch's ``out + 1``: exact where ``out + 1`` rounds, and elu's
+    # gradient keeps the bits it had as ``exp(x) - 1``
+    return (_mul(g, apply(Op.EXP, (node.inputs[0],))),)
+
+
 def _log_rule(node, out, g):
     return (_mul(g, apply(Op.RECIPROCAL, (node.inputs[0],))),)
 

@@ -66,6 +66,13 @@ def exp(x: Any) -> float:
         return inf
 
 
+def expm1(x: Any) -> float:
+    try:
+        return math.expm1(x)
+    except OverflowError:
+        return inf
+
+
 def log(x: Any) -> float:
     try:
         return _log(x)

@@ -534,6 +534,9 @@ def unary(name: str, forward: Callable[[Any], Any], derivative: Callable[[Any, A
     setattr(Value, name, op)
 
 
+unary("expm1", sm.expm1, lambda x, out: sm.exp(x))
+
+
 def backward_many(outputs: Iterable[Value], grads: Iterable[Any]) -> None:
     """Backpropagate several outputs at once.
 

@@ -32,6 +32,7 @@ class Op(str, Enum):
 
     NEG = "neg", "unary"
     EXP = "exp", "unary", "float_unary"
+    EXPM1 = "expm1", "unary", "float_unary"  # exp(x) - 1 without its cancellation near 0 (elu)
     LOG = "log", "unary", "float_unary"
     RELU = "relu", "unary"
     TANH = "tanh", "unary", "float_unary"

@@ -1,12 +1,12 @@
 """Activations GNN layers reach for: leaky_relu, elu, gelu, softplus -- composites of primitives.
 
-Each is written with ``where``/``exp``/``tanh``/... so its gradient comes from the gradient table,
-it runs on every backend (the scalar reference included) and through the fallback, and no new
-primitive op is needed.  Conventions at 0 follow PyTorch:
+Each is written with ``where``/``exp``/``expm1``/``tanh``/... so its gradient comes from the
+gradient table, and it runs on every backend (the scalar reference included) and through the
+fallback.  Conventions at 0 follow PyTorch:
 
 * ``leaky_relu'(0) = negative_slope`` (PyTorch takes the ``x > 0`` branch only for positive x);
 * ``elu'(0) = alpha`` (the ``x <= 0`` branch, as ``torch.nn.functional.elu``), ``elu'(nan) = 1``,
-  and ``elu`` is ``alpha * expm1(x)`` there, accurate near 0 (``_expm1``);
+  and ``elu`` is ``alpha * expm1(x)`` there (the primitive ``expm1``, accurate near 0);
 * ``gelu'(0) = 0.5`` and ``softplus'(0) = 0.5`` (both smooth there).
 
 Unused branches never poison a gradient: ``where`` routes a zero gradient into the branch it did
@@ -50,32 +50,17 @@ def _nonpositive(x: Tensor, nonpositive: Tensor) -> Tensor:
     return where(nonpositive, x, 0.0)
 
 
-def _expm1(x: Tensor) -> Tensor:
-    """``exp(x) - 1`` to a few ulps at every ``x <= 0`` (``exp(x) - 1`` itself loses all digits
-    near 0: it is 0 at ``-1e-8`` in float32), as ``2 t / (1 - t)`` with ``t = tanh(x / 2)``
-    (``e^x = (1 + t) / (1 - t)``): ``tanh`` is accurate near 0 and ``1 - t`` lies in ``[1, 2]``
-    there, so nothing cancels; ``-0.0`` stays ``-0.0`` and ``-inf`` gives ``-1``.  Below
-    ``x / 2 ~ 2**-1022`` the halving drops the last subnormal bit.  No gradient: :func:`elu`
-    supplies its own (``exp(x)``)."""
-    u = (x * -0.5).tanh()  # u = -t >= 0, so 1 - t is u + 1 (one op, not a negation and an add)
-    return (u * -2.0) * (u + 1.0).reciprocal()
-
-
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
     """``alpha * expm1(x)`` where ``x <= 0``, else ``x`` (``torch.nn.functional.elu``: NaN
     takes the ``x`` branch, so its gradient is 1, as PyTorch's; ``elu(-0.0)`` is -0.0).
 
-    The value is :func:`_expm1`'s (accurate near 0, where ``exp(x) - 1`` cancels), the
-    gradient ``alpha * exp(x)``, PyTorch's: the value is carried by detached tensors and
-    ``exp(x)`` enters as ``m - (exp(x)_detached - exp(x))``, whose value is ``m`` (the
-    difference is +0.0, so even -0.0 survives) and whose derivative is ``exp(x)``."""
+    The value is the primitive ``expm1``'s (accurate near 0, where ``exp(x) - 1`` cancels: it
+    was 0 at ``-1e-8`` in float32), the gradient ``alpha * exp(x)``, PyTorch's (``expm1``'s rule
+    is ``exp(x)``, so the gradient keeps the bits it had as ``exp(x) - 1``)."""
     _check_args("elu", x, alpha=alpha)
     x = _floating(x)
     nonpositive = x <= 0
-    clamped = _nonpositive(x, nonpositive)
-    e = clamped.exp()
-    m = _expm1(clamped.detach())
-    negative_branch = m - (e.detach() - e)
+    negative_branch = _nonpositive(x, nonpositive).expm1()
     if alpha != 1.0:  # (times 1 is exact: skipping it saves a pass and changes no bit)
         negative_branch = negative_branch * alpha
     return where(nonpositive, negative_branch, x)

@@ -330,6 +330,7 @@ class Tensor(TensorBase):
     def exp(self): return apply(Op.EXP, (_floating(self),))
     def log(self): return apply(Op.LOG, (_floating(self),))
     def tanh(self): return apply(Op.TANH, (_floating(self),))
+    def expm1(self): return apply(Op.EXPM1, (_floating(self),))
     def relu(self): return apply(_RELU, (self,))
     def reciprocal(self): return apply(Op.RECIPROCAL, (_floating(self),))
     def sigmoid(self): return sigmoid(self)

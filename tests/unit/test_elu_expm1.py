@@ -1,7 +1,7 @@
-"""elu's value is ``alpha * expm1(x)`` (round 8): accurate near 0, where ``exp(x) - 1`` gave 0 at
-``-1e-8`` in float32; the gradient stays ``alpha * exp(x)``.  Checked against torch (skipped
-without it) on both backends, against numpy's expm1, and under pg.compile (with the norm layers
-whose variance is now scaled)."""
+"""elu's value is ``alpha * expm1(x)`` (round 8, through the primitive ``expm1``): accurate near
+0, where ``exp(x) - 1`` gave 0 at ``-1e-8`` in float32; the gradient stays ``alpha * exp(x)``.
+Checked against torch (skipped without it) on both backends, against numpy's expm1, and under
+pg.compile (with the norm layers)."""
 from __future__ import annotations
 
 from typing import Any
@@ -78,3 +78,19 @@ def test_compiled_elu_and_norm_steps_replay_eagers_bits() -> None:
     for i in range(5):
         assert_bitwise(outcome(compiled), outcome(step), f"call {i}")
     assert compiled.stats["replays"] >= 2
+
+
+@pytest.mark.parametrize("backend", ["numpy", "scalar"])
+def test_expm1_primitive_value_and_gradients(backend: str) -> None:
+    """The primitive itself: numpy's expm1 on every backend (signed zero, -inf, overflow), its
+    gradient ``exp(x)`` against finite differences, and second order through the rule."""
+    v = np.array([-1e-10, -0.0, 0.0, 1e-12, -3.0, 2.0, -np.inf, 1000.0])
+    got = pg.tensor(v, backend=backend).expm1().numpy()
+    with np.errstate(over="ignore"):
+        assert_bitwise(got, np.expm1(v))
+    x = np.random.default_rng(3).normal(size=(3, 4))
+    check_grads(lambda t: (t.expm1() * t).sum(), [x], backend=backend)
+    y = pg.tensor(x, dtype=pg.float64, requires_grad=True, backend=backend)
+    (g,) = pg.grad(y.expm1().sum(), [y], create_graph=True)
+    (gg,) = pg.grad(g.sum(), [y])
+    assert np.allclose(g.numpy(), np.exp(x)) and np.allclose(gg.numpy(), np.exp(x))
