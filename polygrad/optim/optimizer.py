@@ -592,11 +592,15 @@ class _Numbers:
         self.opt, self.index, self.key, self.rule = opt, index, key, rule
 
     def __call__(self) -> tuple:
+        group = self.opt.param_groups[self.index]
+        return self.rule_now(group["lr"] * self.opt.lr_factor()).numbers
+
+    def rule_now(self, lr: float) -> Rule:
+        """The parameter's rule at learning rate ``lr`` (its group's, scheduled), checked against
+        the captured one."""
         opt = self.opt
-        group = opt.param_groups[self.index]
-        lr = group["lr"] * opt.lr_factor()
         try:
-            rule = opt._rule(lr, group, opt.state[self.key])
+            rule = opt._rule(lr, opt.param_groups[self.index], opt.state[self.key])
         except KeyError:
             raise StaleCapture(f"{type(opt).__name__}: a parameter's state was cleared since the step was "
                                "captured") from None
@@ -604,7 +608,20 @@ class _Numbers:
         if rule.fn is not seen.fn or rule.attrs != seen.attrs or rule.reads != seen.reads or rule.writes != seen.writes:
             raise StaleCapture(f"{type(opt).__name__}: the update rule changed since the step was captured "
                                "(a hyper-parameter that selects it was set)")
-        return rule.numbers
+        return rule
+
+
+def _rules_now(parts: list[_Numbers]) -> list[Rule]:
+    """Each part's rule now (:meth:`_Numbers.rule_now`), every optimizer's schedule asked once."""
+    lrs: dict[tuple[int, int], float] = {}
+    rules = []
+    for part in parts:
+        at = (id(part.opt), part.index)
+        lr = lrs.get(at)
+        if lr is None:
+            lr = lrs[at] = part.opt.param_groups[part.index]["lr"] * part.opt.lr_factor()
+        rules.append(part.rule_now(lr))
+    return rules
 
 
 class _TogetherNumbers:
@@ -612,21 +629,25 @@ class _TogetherNumbers:
     member's (:class:`_Numbers`), which must still be equal -- eager groups only parameters whose
     rules have the same numbers, so a replay that would not is a fault, and the call runs eagerly."""
 
-    __slots__ = ("parts", "dtypes")
+    __slots__ = ("parts", "dtypes", "reads")
 
     def __init__(self, parts: list[_Numbers]):
         self.parts = parts
+        self.reads = any(part.rule.reads for part in parts)
         self.dtypes = self._state_dtypes()  # the concatenation's dtype follows its members' states
 
     def _state_dtypes(self) -> list:
+        if not self.reads:
+            return []
         return [tuple(getattr(part.opt.state.get(part.key, {}).get(name), "dtype", None) for name in part.rule.reads)
                 for part in self.parts]
 
     def __call__(self) -> tuple:
-        first = self.parts[0]()
-        for part in self.parts[1:]:
-            if part() != first:
-                raise StaleCapture(f"{type(part.opt).__name__}: parameters updated together when "
+        rules = _rules_now(self.parts)
+        first = rules[0].numbers
+        for rule in rules[1:]:
+            if rule.numbers != first:
+                raise StaleCapture(f"{type(self.parts[0].opt).__name__}: parameters updated together when "
                                    "captured have different update numbers now (eager updates them apart)")
         if self._state_dtypes() != self.dtypes:  # a state array set to another dtype would promote them all
             raise StaleCapture(f"{type(self.parts[0].opt).__name__}: a parameter's optimizer state "
