@@ -411,7 +411,9 @@ class _Recorder:
         spec = self._output(out)
         if self.problem is not None:
             raise _Refused(self.problem)
-        fresh_draws = any(e[0] in (FRESH, CALL) for e in self.program)  # a Call may draw a key
+        # a keyed Call draws a key (keyed_call); an optimizer's update Call does not, and a replay
+        # saves the generator's state (for an eager re-run after a fault) only where one draws
+        fresh_draws = any(e[0] == FRESH or (e[0] == CALL and type(e[2]) is _Tupled) for e in self.program)
         guards = StateGuards(self.grad_guard + self._optimizer_grad_guard(), self.host_guards, self.requires_grad_guard,
                              list(self.module_guard.values()), list(self.optimizer_guard.values()),
                              list(self.array_guard.values()))
