@@ -39,6 +39,11 @@ class _Tupled(NamedTuple):
         return (self.fn(*args, **kwargs),)
 
 
+def _checked(*numbers: Any) -> tuple:
+    """The function of a :meth:`_Recorder.check` Call: nothing (its ``numbers`` is the check)."""
+    return ()
+
+
 def keyed_call(be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple]) -> Any:
     """``fn(*numbers(), **attrs)``: an array made on backend ``be`` from host numbers alone (a random
     draw from a key: ``numbers`` draws the key).  A capture records it as a :class:`Call`, so every
@@ -279,6 +284,19 @@ class _Recorder:
         slots = tuple(self._produce(a, be, tuple(be.shape(a)), be.dtype(a)) for a in outs)
         self.computed.update(id(a) for a in outs)
         self.program.append(Call(CALL, be, fn, dict(attrs), numbers, inputs, slots))
+
+    def mark(self) -> int:
+        """Where the program's next entry goes (after pending work is settled): a later
+        :meth:`check` is inserted there."""
+        self._settle()
+        return len(self.program)
+
+    def check(self, be: Any, numbers: Callable[[], tuple], at: int) -> None:
+        """A :class:`Call` of nothing at program position ``at`` (a :meth:`mark`): a replay calls
+        ``numbers()``, which raises :class:`StaleCapture` when what the capture assumed no longer
+        holds (an optimizer's grouping of its updates), before the entries recorded after ``at``."""
+        if self._recordable(be):
+            self.program.insert(at, Call(CALL, be, _checked, {}, numbers, (), ()))
 
     def update(self, optimizer: Any, key: int, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple],
                leaf: Tensor, grad: Tensor, reads: tuple, before: tuple, writes: tuple, outs: tuple) -> None:

@@ -1,0 +1,173 @@
+"""``pg.compile(pure=True)`` keeps eager's grouping of the concatenated optimizer update when the
+update numbers of parameters change after capture.
+
+Eager updates small parameters whose rules have equal numbers (learning rate, betas, weight decay,
+bias corrections) as one concatenation (:mod:`polygrad.optim.multi_tensor`), and numpy's ``+`` and
+``*`` of two NaN operands keep one or the other depending on where the element falls in the array
+(vector body or scalar tail).  So when two parameter groups captured with different numbers later
+get equal ones (``ReduceLROnPlateau`` reaching ``min_lr``, a schedule decaying to 0, a user setting
+equal rates), eager starts updating them as one concatenation; a replay of the two captured calls
+gave other NaN bits (finite values are the same).  The replay now re-derives eager's grouping and
+faults (the call runs eagerly, and the step is captured again) when it differs from the captured
+one; the other direction (grouped at capture, different numbers later) was already a fault.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import polygrad as pg
+from polygrad import optim
+from polygrad.optim.lr_scheduler import ReduceLROnPlateau
+from tests.unit.test_compile_optim_nan_bits import _bits, _element, _nan
+
+CALLS = 8
+
+
+def _set_equal(opt: Any, k: int) -> None:
+    if k == 4:
+        opt.param_groups[1]["lr"] = opt.param_groups[0]["lr"]
+
+
+def _set_apart(opt: Any, k: int) -> None:
+    if k == 4:
+        opt.param_groups[1]["lr"] = 2 * opt.param_groups[0]["lr"]
+
+
+def _plateau(opt: Any, k: int) -> None:
+    """ReduceLROnPlateau halves both groups' rates on every call (the metric never improves)
+    until both sit at ``min_lr``: from then on they are equal."""
+    sched = opt.__dict__.setdefault("_test_plateau", ReduceLROnPlateau(opt, factor=0.5, patience=0,
+                                                                        min_lr=0.004))
+    sched.step(1.0)
+
+
+#: (optimizer, its arguments, the two groups' learning rates, what happens between calls, lr_schedule)
+SCENARIOS: dict[str, tuple] = {
+    "user sets equal rates": (optim.Adam, {}, (0.01, 0.02), _set_equal, None),
+    "user sets equal rates (SGD)": (optim.SGD, {"momentum": 0.9}, (0.1, 0.2), _set_equal, None),
+    "ReduceLROnPlateau reaches min_lr": (optim.Adam, {}, (0.01, 0.02), _plateau, None),
+    "a schedule decaying to 0": (optim.SGD, {}, (0.1, 0.2), None, lambda k: max(0.0, 1.0 - k / 4)),
+    "a schedule decaying to 0 (Adam)": (optim.Adam, {}, (0.1, 0.2), None, lambda k: max(0.0, 1.0 - k / 4)),
+    "equal rates set apart": (optim.Adam, {}, (0.01, 0.01), _set_apart, None),
+}
+
+
+def _run(scenario: tuple, dtype: type, values: list, inputs: list, compiled: bool) -> tuple[list, Any]:
+    cls, kwargs, lrs, between, schedule = scenario
+    params = [pg.tensor(v.copy(order="K"), dtype=dtype, requires_grad=True) for v in values]
+    half = len(params) // 2
+    extra = {"lr_schedule": schedule} if schedule is not None else {}
+    opt = cls([{"params": params[:half], "lr": lrs[0]}, {"params": params[half:], "lr": lrs[1]}], **kwargs, **extra)
+
+    def step(*xs: Any) -> Any:
+        opt.zero_grad()
+        loss = (params[0] * xs[0]).sum()
+        for p, x in zip(params[1:], xs[1:]):
+            loss = loss + (p * x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    f = pg.compile(step, pure=True) if compiled else step
+    seen = []
+    with np.errstate(all="ignore"):
+        for k, xs in enumerate(inputs):
+            if between is not None:
+                between(opt, k)
+            seen.append(_bits(f(*[pg.tensor(x, dtype=dtype) for x in xs])))
+            for p in params:
+                seen.append(_bits(p))
+                seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+    return seen, f
+
+
+def _assert_same(want: list, got: list) -> None:
+    assert len(want) == len(got)
+    for i, (u, v) in enumerate(zip(want, got)):
+        if isinstance(u, np.ndarray):
+            assert u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v), (i, u, v)
+        else:
+            assert u == v, (i, u, v)
+
+
+def _reviewers_case(dtype: type) -> tuple[list, list]:
+    """A 33-element weight and a 4-element bias (one group each): the bias's NaN parameter and
+    NaN gradient meet in the scalar tail of its own update and in the vector body of the
+    concatenation after the weight (or the other way round), with different signs."""
+    pos, neg = _nan(dtype, False, 1 << 22), _nan(dtype, True, 5)
+    w = np.linspace(-1, 1, 33).astype(dtype)
+    w[[3, 30, 32]] = pos
+    b = np.array([pos, 0.5, neg, 1.0], dtype=dtype)
+    xs = [[np.where(np.arange(33) % 2 == 0, v, 1.0).astype(dtype), np.array([v, v, v, 1.0], dtype=dtype)]
+          for v in (neg, pos, neg, neg, pos, neg, pos, neg)]
+    return [w, b], xs[:CALLS]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_grouping_change_after_capture_keeps_eager_nan_bits(name: str, dtype: type) -> None:
+    values, inputs = _reviewers_case(dtype)
+    want, _ = _run(SCENARIOS[name], dtype, values, inputs, False)
+    got, f = _run(SCENARIOS[name], dtype, values, inputs, True)
+    _assert_same(want, got)
+    assert f.stats["replays"] >= 1, f.stats  # replays ran (before the change, and after recapture)
+
+
+@pytest.mark.parametrize("name", ["user sets equal rates", "a schedule decaying to 0"])
+def test_the_grouping_change_is_a_fault_then_a_new_capture(name: str) -> None:
+    """The change is noticed at the replay (a dropped capture, the call eager), and the step is
+    captured again with eager's new grouping, which later calls replay."""
+    from polygrad.compile.program import CALL
+    from polygrad.optim.replay_numbers import GroupingCheck
+    values, inputs = _reviewers_case(np.float64)
+    _, f = _run(SCENARIOS[name], np.float64, values, inputs, True)
+    # calls: eager, two captures, a replay, the change (a fault: eager), two captures, a replay
+    assert (f.stats["dropped"], f.stats["captures"], f.stats["replays"]) == (1, 4, 2), f.stats
+    calls = [e for entry in f._cache.values() for e in entry.capture.program if e[0] == CALL]
+    # the new capture updates both groups in one call: nothing left to check
+    assert calls and not any(isinstance(e[4], GroupingCheck) for e in calls)
+
+
+def test_the_grouping_guard_is_not_needed_when_every_member_is_in_one_call() -> None:
+    """One parameter group sharing one rule: a single concatenated call, whose numbers already
+    must stay equal (no separate grouping check is recorded)."""
+    from polygrad.compile.program import CALL
+    from polygrad.optim.replay_numbers import GroupingCheck
+    values, inputs = _reviewers_case(np.float64)
+    cls, kwargs, _, _, _ = SCENARIOS["user sets equal rates"]
+    _, f = _run((cls, kwargs, (0.01, 0.01), None, None), np.float64, values, inputs, True)
+    calls = [e for entry in f._cache.values() if entry.capture is not None
+             for e in entry.capture.program if e[0] == CALL]
+    assert calls and not any(isinstance(e[4], GroupingCheck) for e in calls)
+
+
+@st.composite
+def _case(draw: Any) -> tuple:
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    shapes = draw(st.lists(st.sampled_from([(1,), (3,), (4,), (9,), (17,), (33,), (3, 5)]), min_size=2, max_size=4))
+    elem = _element(dtype)
+
+    def array(shape: tuple) -> np.ndarray:
+        n = int(np.prod(shape))
+        a = np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=dtype).reshape(shape)
+        return np.asfortranarray(a) if len(shape) > 1 and draw(st.booleans()) else a
+
+    values = [array(s) for s in shapes]
+    inputs = [[array(s) for s in shapes] for _ in range(6)]
+    return dtype, values, inputs
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_case(), name=st.sampled_from(list(SCENARIOS)))
+def test_grouping_changes_keep_eager_bits_for_random_values(case: tuple, name: str) -> None:
+    dtype, values, inputs = case
+    want, _ = _run(SCENARIOS[name], dtype, values, inputs, False)
+    got, _ = _run(SCENARIOS[name], dtype, values, inputs, True)
+    _assert_same(want, got)
+
+
