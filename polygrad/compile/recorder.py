@@ -44,6 +44,14 @@ def _checked(*numbers: Any) -> tuple:
     return ()
 
 
+def _crossable(e: tuple, owner: Any) -> bool:
+    """Whether a check of optimizer ``owner`` may run before entry ``e``: not a host call, or one
+    that changes nothing it reads (idempotent: ``zero_grad``; another optimizer's counters:
+    a host whose ``counters_only`` is set)."""
+    return (e[0] != HOST or e[2]
+            or (getattr(e[1], "counters_only", False) and getattr(e[1], "__self__", None) is not owner))
+
+
 def keyed_call(be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple]) -> Any:
     """``fn(*numbers(), **attrs)``: an array made on backend ``be`` from host numbers alone (a random
     draw from a key: ``numbers`` draws the key).  A capture records it as a :class:`Call`, so every
@@ -291,12 +299,21 @@ class _Recorder:
         self._settle()
         return len(self.program)
 
-    def check(self, be: Any, numbers: Callable[[], tuple], at: int) -> None:
-        """A :class:`Call` of nothing at program position ``at`` (a :meth:`mark`): a replay calls
-        ``numbers()``, which raises :class:`StaleCapture` when what the capture assumed no longer
-        holds (an optimizer's grouping of its updates), before the entries recorded after ``at``."""
-        if self._recordable(be):
-            self.program.insert(at, Call(CALL, be, _checked, {}, numbers, (), ()))
+    def check(self, be: Any, numbers: Callable[[], tuple], at: int, owner: Any, always: bool) -> None:
+        """A :class:`Call` of nothing whose ``numbers()`` raises :class:`StaleCapture` when what
+        the capture assumed about ``owner`` (an optimizer: how it groups its updates) no longer
+        holds, placed before the entries recorded after ``at`` (a :meth:`mark`) -- and earlier,
+        before host calls that cannot change what it checks (``zero_grad``, another optimizer's
+        step counters), so that it fails before a step rather than after one, where the call could
+        not run eagerly any more.  ``always``: recorded even where it moved before no step (else
+        only where it did: the update calls' own numbers check in time otherwise)."""
+        if not self._recordable(be):
+            return
+        pos = at
+        while pos > 0 and _crossable(self.program[pos - 1], owner):
+            pos -= 1
+        if always or any(e[0] == HOST and not e[2] for e in self.program[pos:at]):  # it moved before a step
+            self.program.insert(pos, Call(CALL, be, _checked, {}, numbers, (), ()))
 
     def update(self, optimizer: Any, key: int, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple],
                leaf: Tensor, grad: Tensor, reads: tuple, before: tuple, writes: tuple, outs: tuple) -> None:

@@ -276,9 +276,11 @@ class Optimizer:
                     self._update_together(rule, members)
             if rec is not None and grouping is not None and len(grouping) > 1:
                 captured = partition([key for _, _, key, _ in grouping])
-                if len(set(captured)) > 1:  # one group: its TogetherNumbers checks its numbers stay equal
-                    rec.check(grouping[0][1]._be, GroupingCheck([m[0] for m in grouping], [m[1] for m in grouping],
-                                                                [m[3] for m in grouping], captured), at)
+                # one group alone: its TogetherNumbers checks that its numbers stay equal, unless
+                # another optimizer stepped before (then that check would come after a step)
+                rec.check(grouping[0][1]._be, GroupingCheck([m[0] for m in grouping], [m[1] for m in grouping],
+                                                            [m[3] for m in grouping], captured), at, self,
+                          always=len(set(captured)) > 1)
         pending = self.__dict__.get("_pending")
         if undo is not None and pending is not None:
             pending.extend(self._step_results())  # the caller materialises them (and undoes a failure)
@@ -581,6 +583,7 @@ class _Advance:
     optimizer, as a bound ``step`` would (a capture guards its parameter lists through it)."""
 
     __slots__ = ("__self__", "keys")
+    counters_only = True  # changes no hyper-parameter: another optimizer's replay checks may run before it
 
     def __init__(self, opt: Optimizer, keys: list[int]):
         self.__self__, self.keys = opt, tuple(keys)

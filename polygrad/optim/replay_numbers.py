@@ -114,7 +114,8 @@ class GroupingCheck:
     leaves (whose storage the key reads); ``grads_fit``: whether each one's gradient could be
     concatenated with it at capture (numpy, same shape and dtype: a replay's gradients are its
     own, so this cannot change); ``captured``: the :func:`partition` the capture used.  Recorded
-    only where the capture has two groups or more."""
+    where the capture has two groups or more, or where another optimizer stepped before this
+    one in the step (the check then runs before that step: ``_Recorder.check``)."""
 
     __slots__ = ("parts", "leaves", "grads_fit", "captured")
 

@@ -171,3 +171,46 @@ def test_grouping_changes_keep_eager_bits_for_random_values(case: tuple, name: s
     _assert_same(want, got)
 
 
+
+
+@pytest.mark.parametrize("lrs, change", [((0.1, 0.2), 0.1), ((0.1, 0.1), 0.3)])
+def test_a_grouping_change_in_a_second_optimizer_runs_the_call_eagerly(lrs: tuple, change: float) -> None:
+    """Two optimizers in one step (a GAN): the second one's grouping changes after capture (its
+    groups' rates set equal, or set apart).  The check runs before the first optimizer's step, so
+    the replay faults before anything is updated and the call runs eagerly with eager's bits --
+    not after the first step, where it could only raise."""
+    dtype = np.float32
+    values, inputs = _reviewers_case(dtype)
+
+    def run(compiled: bool) -> tuple[list, Any]:
+        a = [pg.tensor(v.copy(), requires_grad=True) for v in values]
+        b = [pg.tensor(v.copy(), requires_grad=True) for v in values]
+        o1 = optim.Adam(a, lr=0.01)
+        o2 = optim.Adam([{"params": b[:1], "lr": lrs[0]}, {"params": b[1:], "lr": lrs[1]}])
+
+        def step(x: Any, y: Any) -> Any:
+            o1.zero_grad()
+            o2.zero_grad()
+            loss = (a[0] * x).sum() + (a[1] * y).sum() + (b[0] * x).sum() + (b[1] * y).sum()
+            loss.backward()
+            o1.step()
+            o2.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        seen = []
+        with np.errstate(all="ignore"):
+            for k, (x, y) in enumerate(inputs):
+                if k == 4:
+                    o2.param_groups[1]["lr"] = change
+                seen.append(_bits(f(pg.tensor(x), pg.tensor(y))))
+                for opt, ps in ((o1, a), (o2, b)):
+                    for p in ps:
+                        seen.append(_bits(p))
+                        seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+        return seen, f
+
+    want, _ = run(False)
+    got, f = run(True)
+    _assert_same(want, got)
+    assert f.stats["dropped"] == 1 and f.stats["replays"] >= 2, f.stats
