@@ -448,6 +448,12 @@ class Optimizer:
     def _advance_state(self, state: dict) -> None:
         """Advance a parameter's counters after its update (Adam's step); default: none."""
 
+    #: ``_rule_inputs(state)``: what of a parameter's state :meth:`_rule` reads, hashable (Adam: its
+    #: step), so that parameters of one group with equal inputs get the same rule and a replay
+    #: computes it once per group (``replay_numbers``).  None: unknown.  Honoured only where the
+    #: class that defines ``_rule`` defines it too.
+    _rule_inputs: Callable[[dict], Any] | None = None
+
     @staticmethod
     def _sqrt(x: Any, fast: bool) -> Any:
         if fast:

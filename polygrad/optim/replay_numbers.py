@@ -30,12 +30,21 @@ class Numbers:
         group = self.opt.param_groups[self.index]
         return self.rule_now(group["lr"] * self.opt.lr_factor()).numbers
 
-    def rule_now(self, lr: float) -> Any:
+    def rule_now(self, lr: float, memo: dict | None = None) -> Any:
         """The parameter's rule at learning rate ``lr`` (its group's, scheduled), checked against
-        the captured one."""
+        the captured one; ``memo``: rules already computed in this call for parameters of the same
+        group whose state the rule reads the same (``Optimizer._rule_inputs``)."""
         opt = self.opt
         try:
-            rule = opt._rule(lr, opt.param_groups[self.index], opt.state[self.key])
+            state = opt.state[self.key]
+            inputs = _rule_inputs(opt) if memo is not None else None
+            if inputs is None or memo is None:
+                rule = opt._rule(lr, opt.param_groups[self.index], state)
+            else:
+                at = (id(opt), self.index, inputs(state))
+                rule = memo.get(at)
+                if rule is None:
+                    rule = memo[at] = opt._rule(lr, opt.param_groups[self.index], state)
         except KeyError:
             raise StaleCapture(f"{type(opt).__name__}: a parameter's state was cleared since the step was "
                                "captured") from None
@@ -46,16 +55,35 @@ class Numbers:
         return rule
 
 
+#: optimizer class -> whether its ``_rule_inputs`` describes its ``_rule`` (see :func:`_rule_inputs`)
+_DECLARED: dict[type, bool] = {}
+
+
+def _rule_inputs(opt: Any) -> Any:
+    """``opt._rule_inputs`` where the class that defines ``_rule`` declares it too (a subclass that
+    overrides ``_rule`` alone reads what it likes: its rules are computed for every parameter)."""
+    cls = type(opt)
+    declared = _DECLARED.get(cls)
+    if declared is None:
+        def definer(name: str) -> Any:
+            return next((c for c in cls.__mro__ if name in c.__dict__), None)
+        declared = _DECLARED[cls] = (getattr(cls, "_rule_inputs", None) is not None
+                                     and definer("_rule") is definer("_rule_inputs"))
+    return opt._rule_inputs if declared else None
+
+
 def _rules_now(parts: list[Numbers]) -> list:
-    """Each part's rule now (:meth:`Numbers.rule_now`), every optimizer's schedule asked once."""
+    """Each part's rule now (:meth:`Numbers.rule_now`): every optimizer's schedule asked once, and
+    one rule per group and state inputs where the optimizer declares them."""
     lrs: dict[tuple[int, int], float] = {}
+    memo: dict = {}
     rules = []
     for part in parts:
         at = (id(part.opt), part.index)
         lr = lrs.get(at)
         if lr is None:
             lr = lrs[at] = part.opt.param_groups[part.index]["lr"] * part.opt.lr_factor()
-        rules.append(part.rule_now(lr))
+        rules.append(part.rule_now(lr, memo))
     return rules
 
 

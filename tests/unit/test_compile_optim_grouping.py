@@ -214,3 +214,56 @@ def test_a_grouping_change_in_a_second_optimizer_runs_the_call_eagerly(lrs: tupl
     got, f = run(True)
     _assert_same(want, got)
     assert f.stats["dropped"] == 1 and f.stats["replays"] >= 2, f.stats
+
+
+@pytest.mark.parametrize("cls, kwargs", [(optim.Adam, {"lr": 0.01}), (optim.SGD, {"lr": 0.1, "momentum": 0.9})])
+def test_parameters_of_one_group_in_different_states_get_their_own_numbers(cls: type, kwargs: dict) -> None:
+    """A parameter skipped by one call (no gradient) lags its group's others: Adam's step (bias
+    corrections), SGD's momentum buffer (none yet).  Eager then updates it apart; a replay computes
+    each state's rule -- the one-rule-per-state shortcut (``_rule_inputs``) must not hand it the
+    others' numbers."""
+    dtype = np.float64
+    values, inputs = _reviewers_case(dtype)
+    values = [values[0], values[1], values[1][::-1].copy()]
+
+    def run(compiled: bool) -> tuple[list, Any]:
+        ps = [pg.tensor(v.copy(), requires_grad=True) for v in values]
+        opt = cls(ps, **kwargs)
+
+        def step(x: Any, y: Any, skip: bool) -> Any:
+            opt.zero_grad()
+            loss = (ps[0] * x).sum() + (ps[1] * y).sum()
+            if not skip:
+                loss = loss + (ps[2] * y).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        seen = []
+        with np.errstate(all="ignore"):
+            for k, (x, y) in enumerate(inputs + inputs):
+                seen.append(_bits(f(pg.tensor(x), pg.tensor(y), k == 3)))
+                for p in ps:
+                    seen.append(_bits(p))
+                    seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+        return seen, f
+
+    want, _ = run(False)
+    got, f = run(True)
+    _assert_same(want, got)
+    assert f.stats["replays"] >= 4, f.stats
+
+
+def test_a_subclass_that_overrides_the_rule_alone_gets_a_rule_per_parameter() -> None:
+    """``_rule_inputs`` describes the ``_rule`` of the class that declares it: a subclass with its
+    own ``_rule`` (which may read anything of the state) is not given the shortcut."""
+    from polygrad.optim.replay_numbers import _rule_inputs
+
+    class Mine(optim.Adam):
+        def _rule(self, lr: float, group: Any, state: dict) -> Any:
+            return super()._rule(lr * state.get("scale", 1.0), group, state)
+
+    p = [pg.tensor(np.ones(3), requires_grad=True)]
+    assert _rule_inputs(optim.AdamW(p)) is not None and _rule_inputs(optim.SGD(p, lr=0.1)) is not None
+    assert _rule_inputs(Mine(p)) is None
