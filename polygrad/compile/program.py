@@ -242,9 +242,11 @@ def _shape_check_source(var: str, be: Any, shape: tuple, const: Callable[[Any], 
 
 
 def _holds_numpy(be: Any) -> bool:
-    """Whether ``be``'s arrays are numpy arrays (they have ``.shape``)."""
+    """Whether ``be``'s arrays are numpy arrays (they have ``.shape``) whose shape is ``.shape``
+    (probed: a backend with a logical shape of its own, a padded layout, is asked every time)."""
     try:
-        return bool(be.owns(np.empty(0)))
+        return all(be.owns(probe) and tuple(be.shape(probe)) == probe.shape
+                   for probe in (np.empty((2, 3)), np.empty(0), np.empty(())))
     except Exception:  # noqa: BLE001 - a backend that cannot tell: its own shape() decides
         return False
 
