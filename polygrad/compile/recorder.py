@@ -309,11 +309,18 @@ class _Recorder:
         only where it did: the update calls' own numbers check in time otherwise)."""
         if not self._recordable(be):
             return
-        pos = at
+        # no further back than needed: before the earliest step it may cross and the writes of
+        # that step's results just before it (the check stays inside a backend's kernel region
+        # where no step is crossed)
+        pos, target = at, at
         while pos > 0 and _crossable(self.program[pos - 1], owner):
             pos -= 1
-        if always or any(e[0] == HOST and not e[2] for e in self.program[pos:at]):  # it moved before a step
-            self.program.insert(pos, Call(CALL, be, _checked, {}, numbers, (), ()))
+            if self.program[pos][0] == HOST and not self.program[pos][2]:
+                target = pos
+                while target > 0 and self.program[target - 1][0] in (SET_DATA, SET_STATE, SET_GRAD):
+                    target -= 1
+        if always or target != at:
+            self.program.insert(target, Call(CALL, be, _checked, {}, numbers, (), ()))
 
     def update(self, optimizer: Any, key: int, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple],
                leaf: Tensor, grad: Tensor, reads: tuple, before: tuple, writes: tuple, outs: tuple) -> None:
