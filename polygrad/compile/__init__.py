@@ -38,7 +38,11 @@ can detect breaking that promise it refuses (the step then runs eagerly, with on
 * between calls: ``requires_grad`` of every tensor the step read, the train/eval mode of every
   module that ran (``Module.__call__`` reports it, however the step reached the module), each
   optimizer's parameter lists (``add_param_group``), numpy arrays read as data or indices (by
-  content), the function's closure cells and globals (rebound; arrays by content) -- re-captured.
+  content), the function's closure cells and globals (rebound; arrays by content) -- re-captured;
+* at the replay's optimizer step: an update rule that changed shape (momentum turned on), and a
+  change in which parameters eager updates as one concatenation (two groups' learning rates
+  become equal, e.g. ``ReduceLROnPlateau`` at ``min_lr``; NaN bits depend on it) -- the call runs
+  eagerly and is re-captured.
 
 What pure mode cannot see stays the author's contract: attributes of objects reached through
 ``self`` or closures (``self.coef = 2.0``), Python values computed from state it does not guard.

@@ -3,6 +3,7 @@ what else a pure replay must find unchanged since its capture (:class:`StateGuar
 from __future__ import annotations
 
 import inspect
+import operator
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -159,8 +160,20 @@ def param_lists(optimizer: Any) -> tuple:
     return tuple(tuple(g.get("params", ())) for g in optimizer.param_groups)
 
 
-def _same_objects(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+def _same_objects(a: Any, b: tuple) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
+def _same_param_lists(groups: list, lists: tuple) -> bool:
+    """Whether ``groups`` (an optimizer's param_groups) hold the parameters ``lists`` (its
+    :func:`param_lists` at capture) in order, without building the lists again."""
+    if len(groups) != len(lists):
+        return False
+    for g, seen in zip(groups, lists):
+        params = g.get("params", ())
+        if not _same_objects(params if type(params) in (list, tuple) else tuple(params), seen):
+            return False
+    return True
 
 
 def _same_array(now: np.ndarray, seen: np.ndarray) -> bool:
@@ -282,8 +295,7 @@ class StateGuards:
             if m.training != training:
                 return False
         for opt, lists in self.optimizers:
-            now = param_lists(opt)
-            if len(now) != len(lists) or any(not _same_objects(a, b) for a, b in zip(now, lists)):
+            if not _same_param_lists(opt.param_groups, lists):
                 return False
         for array, copy in self.arrays:
             if not _same_array(array, copy):

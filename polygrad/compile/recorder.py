@@ -39,6 +39,19 @@ class _Tupled(NamedTuple):
         return (self.fn(*args, **kwargs),)
 
 
+def _checked(*numbers: Any) -> tuple:
+    """The function of a :meth:`_Recorder.check` Call: nothing (its ``numbers`` is the check)."""
+    return ()
+
+
+def _crossable(e: tuple, owner: Any) -> bool:
+    """Whether a check of optimizer ``owner`` may run before entry ``e``: not a host call, or one
+    that changes nothing it reads (idempotent: ``zero_grad``; another optimizer's counters:
+    a host whose ``counters_only`` is set)."""
+    return (e[0] != HOST or e[2]
+            or (getattr(e[1], "counters_only", False) and getattr(e[1], "__self__", None) is not owner))
+
+
 def keyed_call(be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple]) -> Any:
     """``fn(*numbers(), **attrs)``: an array made on backend ``be`` from host numbers alone (a random
     draw from a key: ``numbers`` draws the key).  A capture records it as a :class:`Call`, so every
@@ -280,6 +293,35 @@ class _Recorder:
         self.computed.update(id(a) for a in outs)
         self.program.append(Call(CALL, be, fn, dict(attrs), numbers, inputs, slots))
 
+    def mark(self) -> int:
+        """Where the program's next entry goes (after pending work is settled): a later
+        :meth:`check` is inserted there."""
+        self._settle()
+        return len(self.program)
+
+    def check(self, be: Any, numbers: Callable[[], tuple], at: int, owner: Any, always: bool) -> None:
+        """A :class:`Call` of nothing whose ``numbers()`` raises :class:`StaleCapture` when what
+        the capture assumed about ``owner`` (an optimizer: how it groups its updates) no longer
+        holds, placed before the entries recorded after ``at`` (a :meth:`mark`) -- and earlier,
+        before host calls that cannot change what it checks (``zero_grad``, another optimizer's
+        step counters), so that it fails before a step rather than after one, where the call could
+        not run eagerly any more.  ``always``: recorded even where it moved before no step (else
+        only where it did: the update calls' own numbers check in time otherwise)."""
+        if not self._recordable(be):
+            return
+        # no further back than needed: before the earliest step it may cross and the writes of
+        # that step's results just before it (the check stays inside a backend's kernel region
+        # where no step is crossed)
+        pos, target = at, at
+        while pos > 0 and _crossable(self.program[pos - 1], owner):
+            pos -= 1
+            if self.program[pos][0] == HOST and not self.program[pos][2]:
+                target = pos
+                while target > 0 and self.program[target - 1][0] in (SET_DATA, SET_STATE, SET_GRAD):
+                    target -= 1
+        if always or target != at:
+            self.program.insert(target, Call(CALL, be, _checked, {}, numbers, (), ()))
+
     def update(self, optimizer: Any, key: int, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple],
                leaf: Tensor, grad: Tensor, reads: tuple, before: tuple, writes: tuple, outs: tuple) -> None:
         """``optimizer`` updated parameter ``leaf`` (``optimizer.state[key]`` its state): ``outs =
@@ -411,7 +453,9 @@ class _Recorder:
         spec = self._output(out)
         if self.problem is not None:
             raise _Refused(self.problem)
-        fresh_draws = any(e[0] in (FRESH, CALL) for e in self.program)  # a Call may draw a key
+        # a keyed Call draws a key (keyed_call); an optimizer's update Call does not, and a replay
+        # saves the generator's state (for an eager re-run after a fault) only where one draws
+        fresh_draws = any(e[0] == FRESH or (e[0] == CALL and type(e[2]) is _Tupled) for e in self.program)
         guards = StateGuards(self.grad_guard + self._optimizer_grad_guard(), self.host_guards, self.requires_grad_guard,
                              list(self.module_guard.values()), list(self.optimizer_guard.values()),
                              list(self.array_guard.values()))

@@ -54,6 +54,10 @@ class Adam(Optimizer):
     def _advance_state(self, state: dict) -> None:
         state["step"] = int(state["step"]) + 1
 
+    def _rule_inputs(self, state: dict) -> int:
+        """What :meth:`_rule` reads of the state: the step."""
+        return int(state["step"])
+
 
 def _adam(x: Any, g: Any, m: Any, v: Any, wd: float, b1: float, c1: float, b2: float, c2: float,
           inv_sqrt_bc2: float, eps: float, decay: float, step_size: float, *, coupled: bool,

@@ -22,6 +22,7 @@ bits against the one-parameter path.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -62,6 +63,7 @@ class Together:
 
     def __init__(self, fn: Callable[..., tuple], shapes: tuple, reads: int, writes: int):
         self.fn, self.shapes, self.reads, self.writes = fn, shapes, reads, writes
+        self.pieces = _pieces(shapes)
         # what a program listing or a backend's trace names a Call by
         self.__name__ = f"together_{getattr(fn, '__name__', 'rule')}"
         self.__qualname__ = f"together_{getattr(fn, '__qualname__', 'rule')}"
@@ -80,11 +82,13 @@ class Together:
 
     def __call__(self, *args: Any, **attrs: Any) -> tuple | None:
         k, width = len(self.shapes), 2 + self.reads
-        columns = [[args[m * width + j] for m in range(k)] for j in range(width)]
-        out = _concatenated(self.fn, columns, args[k * width:], attrs, self.writes)
-        if out is None:
+        end = k * width
+        # column j is every member's j-th array: a strided slice of the arguments
+        columns = [args[j:end:width] for j in range(width)]
+        views = _concatenated(self.fn, columns, args[end:], attrs, self.writes, self.pieces)
+        if views is None:
             return None
-        return tuple([a for member in _split(out, self.shapes) for a in member])
+        return tuple([a for member in zip(*views) for a in member])
 
 
 def together(rule: Any, shapes: Sequence[tuple]) -> Together:
@@ -97,27 +101,33 @@ def member_args(rule: Any, members: Sequence[tuple[np.ndarray, np.ndarray, dict]
     return [a for x, g, st in members for a in (x, g, *[st[name] for name in rule.reads])]
 
 
-def _concatenated(fn: Callable[..., tuple], columns: list, numbers: Sequence, attrs: dict,
-                  writes: int) -> tuple | None:
-    """``fn`` on each column of arrays concatenated (flattened): its results, or None when they are
-    not ``1 + writes`` arrays of the concatenation's shape.  The one place the concatenated update
-    is computed, for the eager step (:func:`run_together`) and a replay (:class:`Together`)."""
-    flat = [np.concatenate([a.reshape(-1) for a in column]) for column in columns]
-    out = fn(*flat, *numbers, **attrs)
-    if len(out) != 1 + writes or any(type(a) is not np.ndarray or a.shape != flat[0].shape for a in out):
-        return None
-    return out
-
-
-def _split(out: tuple, shapes: Sequence[tuple]) -> list[tuple]:
-    """Each member's slices of the concatenated results ``out``, in its shape (a tuple per member)."""
-    results = []
+@functools.lru_cache(maxsize=256)
+def _pieces(shapes: tuple) -> tuple:
+    """Each member's ``(start, stop, shape)`` in the concatenation of members of ``shapes``;
+    ``shape`` None where the slice already has the member's shape (one dimension)."""
+    pieces = []
     lo = 0
     for shape in shapes:
         hi = lo + math.prod(shape)
-        results.append(tuple([a[lo:hi].reshape(shape) for a in out]))
+        pieces.append((lo, hi, None if len(shape) == 1 else shape))
         lo = hi
-    return results
+    return tuple(pieces)
+
+
+def _concatenated(fn: Callable[..., tuple], columns: list, numbers: Sequence, attrs: dict, writes: int,
+                  pieces: tuple) -> list | None:
+    """``fn`` on each column of arrays concatenated (flattened, in C order): for each of its
+    results, each member's slice of it in the member's shape (``pieces``: :func:`_pieces`), or
+    None when they are not ``1 + writes`` arrays of the concatenation's shape.  The one place the
+    concatenated update is computed, for the eager step (:func:`run_together`) and a replay
+    (:class:`Together`)."""
+    # axis=None flattens each member in C order (a Fortran-ordered one is copied), as reshape(-1)
+    flat = [np.concatenate(column, axis=None) for column in columns]
+    out = fn(*flat, *numbers, **attrs)
+    size = flat[0].shape
+    if len(out) != 1 + writes or any(type(a) is not np.ndarray or a.shape != size for a in out):
+        return None
+    return [[a[lo:hi] if shape is None else a[lo:hi].reshape(shape) for lo, hi, shape in pieces] for a in out]
 
 
 def run_together(rule: Any, members: Sequence[tuple[np.ndarray, np.ndarray, dict]]) -> list[tuple] | None:
@@ -127,7 +137,8 @@ def run_together(rule: Any, members: Sequence[tuple[np.ndarray, np.ndarray, dict
     concatenation's shape (the rule is pure: the caller updates each member alone instead)."""
     columns = [[x for x, _, _ in members], [g for _, g, _ in members],
                *[[st[name] for _, _, st in members] for name in rule.reads]]
-    out = _concatenated(rule.fn, columns, rule.numbers, rule.attrs, len(rule.writes))
-    if out is None:
+    views = _concatenated(rule.fn, columns, rule.numbers, rule.attrs, len(rule.writes),
+                          _pieces(tuple([x.shape for x, _, _ in members])))
+    if views is None:
         return None
-    return _split(out, [x.shape for x, _, _ in members])
+    return list(zip(*views))

@@ -25,13 +25,13 @@ import numpy as np
 
 import polygrad as pg
 from polygrad.compile import host_call
-from polygrad.compile import StaleCapture
 from polygrad.compile.recorder import note_group_write, update_recorder
 from polygrad.ir.errors import CheckpointError, DTypeError
 from polygrad.tensor import Tensor
 
 from .blocked_update import PARALLEL_MIN, RuleInBlocks, update_in_blocks
 from .multi_tensor import member_args, rule_key, run_together, together
+from .replay_numbers import GroupingCheck, Numbers, TogetherNumbers, partition
 
 __all__ = ["Optimizer", "ParamGroup", "Rule"]
 
@@ -209,6 +209,9 @@ class Optimizer:
         together = (self.elementwise_update and type(self)._update is Optimizer._update
                     and type(self)._rule is not Optimizer._rule)
         batches: dict[tuple, tuple[Rule, list]] = {}
+        # a capture checks at replay that eager would group the small parameters as now (GroupingCheck)
+        grouping: list | None = [] if rec is not None and together else None
+        at = rec.mark() if rec is not None and grouping is not None else 0
         with pg.no_grad():
             for index, (group, entries) in enumerate(zip(self.param_groups, groups)):
                 lr = group["lr"] * factor
@@ -238,6 +241,9 @@ class Optimizer:
                         self._init_state(x, group, state, fast)
                         rule = self._rule(lr, group, state)
                         key = rule_key(rule, x, g, state)
+                        if grouping is not None:
+                            grouping.append((Numbers(self, index, id(p), rule), leaf, key,
+                                             type(g) is np.ndarray and g.dtype == x.dtype and g.shape == x.shape))
                         if key is not None:  # updated below, with every parameter sharing its rule
                             batches.setdefault(key, (rule, []))[1].append((leaf, x, g, state, index, p, grad))
                             continue
@@ -268,6 +274,13 @@ class Optimizer:
                     recorded.extend(id(m[5]) for m in members)
                 else:
                     self._update_together(rule, members)
+            if rec is not None and grouping is not None and len(grouping) > 1:
+                captured = partition([key for _, _, key, _ in grouping])
+                # one group alone: its TogetherNumbers checks that its numbers stay equal, unless
+                # another optimizer stepped before (then that check would come after a step)
+                rec.check(grouping[0][1]._be, GroupingCheck([m[0] for m in grouping], [m[1] for m in grouping],
+                                                            [m[3] for m in grouping], captured), at, self,
+                          always=len(set(captured)) > 1)
         pending = self.__dict__.get("_pending")
         if undo is not None and pending is not None:
             pending.extend(self._step_results())  # the caller materialises them (and undoes a failure)
@@ -310,7 +323,7 @@ class Optimizer:
         if self.elementwise_update and type(x) is np.ndarray and x.size >= PARALLEL_MIN:
             fn = RuleInBlocks(fn)  # in blocks on polygrad's threads, as eager's update_in_blocks
         out = fn(x, grad.array, *before, *rule.numbers, **rule.attrs)
-        rec.update(self, id(p), fn, rule.attrs, _Numbers(self, index, id(p), rule), leaf, grad,
+        rec.update(self, id(p), fn, rule.attrs, Numbers(self, index, id(p), rule), leaf, grad,
                    rule.reads, before, rule.writes, out)
         self._advance_state(state)
         for name, array in zip(rule.writes, out[1:]):
@@ -320,7 +333,7 @@ class Optimizer:
     def _recorded_together(self, rec: Any, rule: Rule, members: list, lr_of: Callable[[int], float]) -> None:
         """:meth:`_update_together` reported to the capture ``rec`` as one call of the concatenated
         rule (:class:`~polygrad.optim.multi_tensor.Together`), whose numbers a replay derives again
-        for every member (:class:`_TogetherNumbers`); each member's own recorded update where
+        for every member (:class:`TogetherNumbers`); each member's own recorded update where
         there is one member or the rule's results are not one array per element, as eager does."""
         fn = together(rule, [x.shape for _, x, *_ in members])
         befores = [tuple(state[n] for n in rule.reads) for _, _, _, state, *_ in members]
@@ -332,7 +345,7 @@ class Optimizer:
             for leaf, _, _, state, index, p, grad in members:
                 _write(leaf, self._recorded_update(rec, index, p, leaf, grad, lr_of(index), state), True)
             return
-        numbers = _TogetherNumbers([_Numbers(self, index, id(p), rule) for _, _, _, _, index, p, _ in members])
+        numbers = TogetherNumbers([Numbers(self, index, id(p), rule) for _, _, _, _, index, p, _ in members])
         rec.update_many(self, [(id(p), leaf, grad, before) for (leaf, _, _, _, _, p, grad), before
                                in zip(members, befores)], fn, rule.attrs, numbers, rule.reads, rule.writes, out)
         width = 1 + len(rule.writes)
@@ -434,6 +447,12 @@ class Optimizer:
 
     def _advance_state(self, state: dict) -> None:
         """Advance a parameter's counters after its update (Adam's step); default: none."""
+
+    #: ``_rule_inputs(state)``: what of a parameter's state :meth:`_rule` reads, hashable (Adam: its
+    #: step), so that parameters of one group with equal inputs get the same rule and a replay
+    #: computes it once per group (``replay_numbers``).  None: unknown.  Honoured only where the
+    #: class that defines ``_rule`` defines it too.
+    _rule_inputs: Callable[[dict], Any] | None = None
 
     @staticmethod
     def _sqrt(x: Any, fast: bool) -> Any:
@@ -570,6 +589,7 @@ class _Advance:
     optimizer, as a bound ``step`` would (a capture guards its parameter lists through it)."""
 
     __slots__ = ("__self__", "keys")
+    counters_only = True  # changes no hyper-parameter: another optimizer's replay checks may run before it
 
     def __init__(self, opt: Optimizer, keys: list[int]):
         self.__self__, self.keys = opt, tuple(keys)
@@ -579,59 +599,6 @@ class _Advance:
         for key in self.keys:
             opt._advance_state(opt.state[key])
         opt.step_count += 1
-
-
-class _Numbers:
-    """A replay's numbers for one parameter's recorded update: the rule again, from the
-    hyper-parameters and state found now; a rule that changed shape (momentum turned on, a new
-    state) is a fault, and the call runs eagerly."""
-
-    __slots__ = ("opt", "index", "key", "rule")
-
-    def __init__(self, opt: Optimizer, index: int, key: int, rule: Rule):
-        self.opt, self.index, self.key, self.rule = opt, index, key, rule
-
-    def __call__(self) -> tuple:
-        opt = self.opt
-        group = opt.param_groups[self.index]
-        lr = group["lr"] * opt.lr_factor()
-        try:
-            rule = opt._rule(lr, group, opt.state[self.key])
-        except KeyError:
-            raise StaleCapture(f"{type(opt).__name__}: a parameter's state was cleared since the step was "
-                               "captured") from None
-        seen = self.rule
-        if rule.fn is not seen.fn or rule.attrs != seen.attrs or rule.reads != seen.reads or rule.writes != seen.writes:
-            raise StaleCapture(f"{type(opt).__name__}: the update rule changed since the step was captured "
-                               "(a hyper-parameter that selects it was set)")
-        return rule.numbers
-
-
-class _TogetherNumbers:
-    """A replay's numbers for a recorded update of several parameters as one concatenation: each
-    member's (:class:`_Numbers`), which must still be equal -- eager groups only parameters whose
-    rules have the same numbers, so a replay that would not is a fault, and the call runs eagerly."""
-
-    __slots__ = ("parts", "dtypes")
-
-    def __init__(self, parts: list[_Numbers]):
-        self.parts = parts
-        self.dtypes = self._state_dtypes()  # the concatenation's dtype follows its members' states
-
-    def _state_dtypes(self) -> list:
-        return [tuple(getattr(part.opt.state.get(part.key, {}).get(name), "dtype", None) for name in part.rule.reads)
-                for part in self.parts]
-
-    def __call__(self) -> tuple:
-        first = self.parts[0]()
-        for part in self.parts[1:]:
-            if part() != first:
-                raise StaleCapture(f"{type(part.opt).__name__}: parameters updated together when "
-                                   "captured have different update numbers now (eager updates them apart)")
-        if self._state_dtypes() != self.dtypes:  # a state array set to another dtype would promote them all
-            raise StaleCapture(f"{type(self.parts[0].opt).__name__}: a parameter's optimizer state "
-                               "changed dtype since the step was captured")
-        return first
 
 
 def _fast(t: Tensor) -> bool:

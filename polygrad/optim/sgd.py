@@ -43,6 +43,10 @@ class SGD(Optimizer):
         return Rule(_sgd_momentum, attrs, (wd, momentum, 1.0 - group["dampening"], lr), ("momentum_buffer",),
                     ("momentum_buffer",))
 
+    def _rule_inputs(self, state: dict) -> bool:
+        """What :meth:`_rule` reads of the state: whether the momentum buffer is missing."""
+        return state.get("momentum_buffer") is None
+
 
 def _sgd(x: Any, g: Any, wd: float, lr: float, *, decay: bool) -> tuple:
     if decay:

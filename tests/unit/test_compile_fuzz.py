@@ -3,10 +3,12 @@
 A hypothesis generator draws a training step from the things a user's step does: a model (linear
 or an MLP, dropout), a chain of ops on its output, a loss, an optimizer (SGD, momentum, Adam,
 AdamW) with one or two parameter groups, a learning-rate scheduler stepped inside or outside the
-step, branches on host values (``loss.item()``), ``clip_grad_norm_``, a warm-up computed in
-Python, side effects (losses appended, a counter), leaves made inside the step (saliency, FGSM),
-a numpy mask, a closure coefficient -- and events between calls (eval/train, freezing and
-unfreezing a parameter, ``add_param_group``, the coefficient or the mask changed).
+step (``ReduceLROnPlateau`` bringing the groups' rates to one ``min_lr``), branches on host
+values (``loss.item()``), ``clip_grad_norm_``, a warm-up computed in Python, side effects (losses
+appended, a counter), leaves made inside the step (saliency, FGSM), a numpy mask, a closure
+coefficient -- and events between calls (eval/train, freezing and unfreezing a parameter,
+``add_param_group``, the coefficient or the mask changed, the groups' learning rates set equal or
+apart, which changes how eager groups its concatenated update).
 
 Each step runs ``CALLS`` times eagerly, under the default ``pg.compile`` and under
 ``pg.compile(pure=True)``.  The default mode must give eager's losses, parameters, gradients and
@@ -30,7 +32,7 @@ from polygrad.optim import lr_scheduler
 from tests.helpers import assert_bitwise, observed
 
 CALLS = 5
-EVENTS = ["eval", "train", "freeze", "unfreeze", "add_group", "coef", "mask"]
+EVENTS = ["eval", "train", "freeze", "unfreeze", "add_group", "coef", "mask", "lr_equal", "lr_apart"]
 
 
 @st.composite
@@ -44,7 +46,7 @@ def steps(draw: Any) -> dict:
         "loss": draw(st.sampled_from(["mse", "margin", "mean"])),
         "opt": draw(st.sampled_from(["sgd", "momentum", "adam", "adamw"])),
         "groups": draw(st.booleans()),
-        "sched": draw(st.sampled_from([None, "step_inside", "step_outside", "lambda_inside"])),
+        "sched": draw(st.sampled_from([None, "step_inside", "step_outside", "lambda_inside", "plateau_outside"])),
         "clip": draw(st.booleans()),
         "branch": draw(st.sampled_from([None, "item", "isfinite"])),
         "warmup": draw(st.booleans()),
@@ -82,6 +84,8 @@ def run(spec: dict, mode: str) -> tuple[list, Any]:
         sched = lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     elif spec["sched"] == "lambda_inside":
         sched = lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (1 + k))
+    elif spec["sched"] == "plateau_outside":  # every group's rate halves down to one min_lr: equal rates
+        sched = lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, min_lr=0.03)
     mask = np.ones(n, dtype=bool)
     mask[1] = False
     losses: list = []
@@ -125,7 +129,7 @@ def run(spec: dict, mode: str) -> tuple[list, Any]:
         if spec["clip"]:
             nn.utils.clip_grad_norm_(opt._params(), 0.5)
         opt.step()
-        if sched is not None and spec["sched"] != "step_outside":
+        if sched is not None and spec["sched"] not in ("step_outside", "plateau_outside"):
             sched.step()
         if spec["append"]:
             losses.append(loss)
@@ -152,9 +156,16 @@ def run(spec: dict, mode: str) -> tuple[list, Any]:
             elif event == "mask":
                 mask[k % n] = not mask[k % n]
                 mask[0] = True
+            elif event == "lr_equal":  # groups updated apart become one concatenation in eager
+                for g in opt.param_groups:
+                    g["lr"] = 0.04
+            elif event == "lr_apart":
+                opt.param_groups[-1]["lr"] = 0.06
         loss, sal = f(x)
         if sched is not None and spec["sched"] == "step_outside":
             sched.step()
+        elif sched is not None and spec["sched"] == "plateau_outside" and len(sched.min_lrs) == len(opt.param_groups):
+            sched.step(1.0)  # a metric that never improves (its min_lrs do not follow add_param_group)
         obs.append([loss, sal, [p.grad for p in weights], extra.grad])
     obs.append([weights, extra, losses, counter["k"], [g["lr"] for g in opt.param_groups]])
     return observed(obs), f
