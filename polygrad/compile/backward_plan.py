@@ -248,6 +248,13 @@ class BackwardPlans:
         if got is None:
             return False
         order, nodes, leaves = got
+        # the forward plan matches an entry whose attributes hold arrays (a getitem's index, the
+        # cross-entropy's classes) by op alone, so their contents may differ from the plan's:
+        # compare them as the full path's _attrs_match does (a stale index gave a wrong gradient)
+        for i in plan.deep:
+            a, b = plan.attrs[i], nodes[i].attrs
+            if a is not b and not _same(a, b):
+                return False
         if self._run(plan, order, nodes, leaves):
             return True
         return False  # the caller's full path finds the plan again, runs it eagerly and drops it
