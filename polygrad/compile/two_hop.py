@@ -303,6 +303,26 @@ def _plan(program: list, meta: list, readers: dict, producer: dict, results: set
             "p_a": p_a, "p_x": p_x, "rx": rx, "ra": ra, "dtype": np.dtype(dtype)}
 
 
+#: a gather of at least this share of a numpy array's values reads it through a boolean mask: on
+#: Cora's features (62% of 49k float32 values, 535 runs) 18 us against 26 us for the positions; at
+#: the graph's 34% (4.5k of 13k) the positions are faster (3.9 us against 6.0)
+MASK_GATHER_SHARE = 0.5
+
+
+def _gather_index(be: Any, positions: np.ndarray, size: int) -> np.ndarray:
+    """The index that gathers ``positions`` (sorted, distinct) of a vector of ``size`` values on
+    backend ``be``: the positions, or on a backend of numpy arrays, when they are many, the boolean
+    mask of the same positions (the same values in the same order, read in one streaming pass)."""
+    if size == 0 or positions.shape[0] < MASK_GATHER_SHARE * size:
+        return positions
+    if type(be.from_numpy(np.zeros(1))) is not np.ndarray:
+        return positions
+    mask = np.zeros(size, dtype=bool)
+    mask[positions] = True
+    mask.flags.writeable = False
+    return mask
+
+
 def _apply(program: list, meta: list, plan: dict) -> tuple[list, list]:
     p_x, p_a, n1, n2 = plan["p_x"], plan["p_a"], plan["n1"], plan["n2"]
     sub_x, pos_x = p_x.take_rows(n2)
@@ -338,9 +358,11 @@ def _apply(program: list, meta: list, plan: dict) -> tuple[list, list]:
     attrs = {"rx": plan["rx"], "ra": plan["ra"], "bias": plan["b1"] is not None, "mask": plan["m2"] is not None,
              "limit": float(np.finfo(plan["dtype"]).max)}
     check = [Call(CALL, wbe, _two_hop_bound, attrs, _no_numbers, inputs, (bound,)), AssertFinite(ASSERT_FINITE, bound)]
-    gathers = {plan["spmm0"]: Kernel(KERNEL, xbe, (Op.GETITEM, "dense"), (plan["xd"],), {"index": (pos_x,)}, xs,
+    index_x = _gather_index(xbe, pos_x, meta[plan["xd"]][1][0])
+    index_a = _gather_index(abe, pos_a, meta[plan["av"]][1][0])
+    gathers = {plan["spmm0"]: Kernel(KERNEL, xbe, (Op.GETITEM, "dense"), (plan["xd"],), {"index": (index_x,)}, xs,
                                      (pos_x.shape[0],)),
-               plan["spmm1"]: Kernel(KERNEL, abe, (Op.GETITEM, "dense"), (plan["av"],), {"index": (pos_a,)}, as_,
+               plan["spmm1"]: Kernel(KERNEL, abe, (Op.GETITEM, "dense"), (plan["av"],), {"index": (index_a,)}, as_,
                                      (pos_a.shape[0],))}
     out: list = []
     for k, e in enumerate(program):

@@ -333,3 +333,36 @@ def test_pattern_restrict_keeps_rows_empties_the_rest_and_renumbers_columns(seed
     assert (np.diff(out.cols)[np.diff(out.rows) == 0] > 0).all()  # each row's columns still ascending
     again = pattern.restrict(rows.copy(), cols.copy())
     assert again[0] is out and again[1] is positions  # cached per content
+
+
+def test_a_large_feature_gather_reads_through_a_mask_with_the_same_bits():
+    """The features' gather (most of their values) runs as a boolean mask on numpy arrays: the
+    replay still gives eager's bits, and the mask picks exactly the positions, in order."""
+    from polygrad.compile import two_hop
+
+    c = _cora_like(seed=2)
+    c.update(density=0.2, fraction=0.1, degree=2.0)  # the 2-hop rows hold most of the features' values
+    (want, _), (got, f) = _run(c, False, calls=6), _run(c, True, calls=6)
+    assert_bitwise(got, want)
+    assert f.stats["replays"] >= 2 and f.stats["dropped"] == 0
+    indices = [e[4]["index"][0] for entry in f._cache.values() if entry.capture is not None
+               for e in entry.capture.program if e[0] == 3 and e[2] == (Op.GETITEM, "dense")]
+    assert any(i.dtype == bool for i in indices)
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal(50).view(np.int64)
+    values[[3, 7]] = [0x7FF8000000000123, -0x0008000000000456]  # NaNs with payloads, both signs
+    values = values.view(np.float64)
+    be = pg.tensor(np.zeros(1))._be
+    for size in (30, 45):
+        positions = np.sort(rng.choice(50, size, replace=False))
+        index = two_hop._gather_index(be, positions, 50)
+        assert index.dtype == bool and not index.flags.writeable
+        assert values[index].tobytes() == values[positions].tobytes()
+
+    class Elsewhere:  # a backend whose arrays are not numpy's keeps the positions
+        def from_numpy(self, a):
+            return list(a)
+
+    assert two_hop._gather_index(Elsewhere(), positions, 50) is positions
+    few = positions[:10]
+    assert two_hop._gather_index(be, few, 50) is few
