@@ -33,7 +33,8 @@ Why the bits are eager's:
   ``W1``, ``Â``, ``b1``, the mask and ``W2`` are finite, the mask has no sign bit, the ``where``'s
   constant is ``+0``, and ``(rows(Xd) · |Xd| · |W1| · rows(Â) · |Â| + |b1|) · |mask|`` is below a
   quarter of the dtype's largest value, where ``|a|`` bounds ``a``'s largest magnitude (its
-  2-norm on numpy: one BLAS dot per array; taken >= 1, so nothing underflows) and the row counts
+  2-norm on numpy: one BLAS dot per array; the mask's largest value, which one pass over its bits
+  also finds a sign bit with; taken >= 1, so nothing underflows) and the row counts
   are the patterns' longest rows.  That bounds every partial sum of every row of ``S0``, ``S1``,
   ``H1`` and ``H1d`` (no overflow to infinity; the factor 4 covers rounding).  On Cora the check
   costs ~20 us of the ~200 us saved.  A failed check makes the replay a fault: the call runs
@@ -65,7 +66,8 @@ MAX_SHARE = 0.85
 MAX_ROWS_EPS = 1e-3
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_SAME_WIDTH_INT = {np.dtype(np.float32): np.dtype(np.int32), np.dtype(np.float64): np.dtype(np.int64)}
+_SAME_WIDTH_UINT: dict[np.dtype, np.dtype] = {np.dtype(np.float32): np.dtype(np.uint32),
+                                           np.dtype(np.float64): np.dtype(np.uint64)}
 
 
 def _no_numbers() -> tuple:
@@ -100,17 +102,29 @@ def _two_hop_bound(*arrays: Any, rx: int, ra: int, bias: bool, mask: bool, limit
         if b1 is not None:
             bound += norm(b1)
         w2_finite = math.isfinite(norm(w2))
-        mask_norm = norm(m2) if m2 is not None else 1.0
-    if m2 is not None:
-        bound *= mask_norm
-        ints = _SAME_WIDTH_INT.get(m2.dtype)
-        signed = (bool(np.signbit(m2).any()) if ints is None or not m2.flags.c_contiguous
-                  else m2.size > 0 and int(m2.view(ints).min()) < 0)  # a sign bit: a negative int
-        if signed:
-            bound = math.inf
+        if m2 is not None:
+            bound *= _mask_bound(m2)
     z = float(zero) if zero.shape == () else math.nan
     ok = bound * 4.0 < limit and w2_finite and z == 0.0 and math.copysign(1.0, z) > 0
     return (np.asarray(0.0 if ok else np.inf, dtype=w1.dtype),)
+
+
+def _mask_bound(m: np.ndarray) -> float:
+    """``max |m|`` (>= 1) of a mask that has no sign bit anywhere, else infinity (NaN: a NaN in it).
+
+    One pass: the mask's largest bit pattern read as an unsigned integer.  A sign bit anywhere
+    (``-0``, a negative value or NaN) makes it at least the sign bit's value; without one, integer
+    order is float order, so it is the largest value exactly (inf or NaN when one is).  Half the
+    passes of a norm and a separate sign test (the mask has N x hidden values)."""
+    if m.size == 0:
+        return 1.0
+    uints = _SAME_WIDTH_UINT.get(m.dtype)
+    if uints is None or not (m.flags.c_contiguous or m.flags.f_contiguous):
+        return math.inf if bool(np.signbit(m).any()) else max(float(np.max(m)), 1.0)
+    top = m.ravel(order="K").view(uints).max()  # a view: the array is contiguous in one order
+    if int(top) >> (8 * m.dtype.itemsize - 1):
+        return math.inf
+    return max(float(top.view(m.dtype)), 1.0)
 
 
 def _two_hop_bound_generic(xd: Any, w1: Any, av: Any, b1: Any, m2: Any, w2: Any, zero: Any, *, rx: int, ra: int,

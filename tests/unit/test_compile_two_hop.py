@@ -258,7 +258,9 @@ def test_a_nan_bias_after_a_step_keeps_eagers_nan_bits():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("spoil", [None, "xd_nan", "w1_inf", "av_nan", "b1_inf", "m2_negzero", "m2_neg", "w2_nan",
-                                   "zero_neg", "overflow"])
+                                   "zero_neg", "overflow", "m2_nan", "m2_negnan", "m2_inf", "m2_huge",
+                                   "m2_fortran_negzero", "m2_strided_neg", "m2_one_negzero", "m2_fortran_clean",
+                                   "m2_strided_clean"])
 @pytest.mark.parametrize("namespace", ["numpy", "array_api_strict"])
 def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil, namespace):
     """The replay's check (numpy's form and the one written against the array namespace, for a
@@ -283,12 +285,31 @@ def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil, names
         m2[m2 == 0] = -0.0
     elif spoil == "m2_neg":
         m2[0, 0] = -2.0
+    elif spoil in ("m2_nan", "m2_negnan"):
+        m2[4, 1] = np.nan if spoil == "m2_nan" else -np.nan
+    elif spoil == "m2_inf":
+        m2[8, 2] = np.inf
+    elif spoil == "m2_huge":  # finite, but the bound passes the dtype's range
+        m2[2, 2] = np.finfo(dtype).max / 2
+    elif spoil == "m2_fortran_negzero":
+        m2 = np.asfortranarray(m2)
+        m2[3, 0] = -0.0
+    elif spoil == "m2_strided_neg":
+        m2 = np.repeat(m2, 2, axis=1)[:, ::2]
+        m2[5, 1] = -2.0
+    elif spoil == "m2_one_negzero":  # the last element only: a max over the bits must see it
+        m2[-1, -1] = -0.0
+    elif spoil == "m2_fortran_clean":
+        m2 = np.asfortranarray(m2)
+    elif spoil == "m2_strided_clean":
+        m2 = np.repeat(m2, 2, axis=1)[:, ::2]
     elif spoil == "w2_nan":
         w2[0, 1] = np.nan
     elif spoil == "zero_neg":
         zero = np.asarray(-0.0, dtype=dtype)
     elif spoil == "overflow":
         xd[3] = np.finfo(dtype).max / 10
+    passes = spoil is None or spoil.endswith("_clean")
     limit = float(np.finfo(dtype).max)
     kw = {"rx": 5, "ra": 4, "limit": limit}
     if namespace == "array_api_strict":  # the form a non-numpy backend runs, on a strict namespace
@@ -297,7 +318,7 @@ def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil, names
             (strict,) = _two_hop_bound(*[xp.asarray(np.ascontiguousarray(a)) for a in (xd, w1, av, b1, m2, w2, zero)],
                                        bias=True, mask=True, **kw)
         assert strict.dtype == xp.asarray(w1).dtype and strict.shape == ()
-        assert bool(xp.isfinite(strict)) == (spoil is None)
+        assert bool(xp.isfinite(strict)) == passes
         return
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the replay's check warns of nothing (an overflow is its answer)
@@ -305,7 +326,7 @@ def test_the_bound_check_and_its_array_api_form_decide_alike(dtype, spoil, names
     with np.errstate(all="ignore"):
         (generic,) = _two_hop_bound_generic(xd, w1, av, b1, m2, w2, zero, **kw)
     assert fast.dtype == generic.dtype == dtype and fast.shape == generic.shape == ()
-    assert bool(np.isfinite(fast)) == bool(np.isfinite(generic)) == (spoil is None)
+    assert bool(np.isfinite(fast)) == bool(np.isfinite(generic)) == passes
 
 
 @settings(max_examples=30, deadline=None)
