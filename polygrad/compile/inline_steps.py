@@ -19,8 +19,9 @@ forward's slot instead of running again.
 Why the bits are eager's: eager's fused kernel makes exactly these kernel calls, in this order, on
 arrays with the same values (each slot is written once; polygrad's kernels are deterministic), and
 the kernels are looked up where dispatch looks them up (``registry.tables``, read when a replay
-starts).  A replay first checks that the cross-entropy kernels in the tables are still the ones
-inlined (a kernel replaced after the capture, or a fault injected into it, runs eagerly).  Only
+starts).  Just before the first inlined steps a replay checks that the cross-entropy kernels in
+the tables are still the ones inlined (a kernel replaced after the capture, or a fault injected
+into it, runs eagerly).  Only
 entries before any non-idempotent host call (an optimizer step) are inlined: after it a failing
 kernel is recomputed in place through the fallback chain, which must see the fused op.
 """
@@ -202,6 +203,7 @@ def _inline_cross_entropy(program: list, meta: list, spec: tuple) -> tuple[list,
     expected: list[tuple] = []
     stepped = False
     backend: Any = None
+    first = -1  # where the first inlined entry's steps start in ``out``
     for e in program:
         if e[0] == HOST and not e[2]:
             stepped = True
@@ -216,11 +218,14 @@ def _inline_cross_entropy(program: list, meta: list, spec: tuple) -> tuple[list,
         if replaced is None:
             out.append(e)
             continue
-        backend = e[1]
+        backend = e[1] if backend is None else backend
+        first = len(out) if first < 0 else first
         if not any(x[:3] == (vjp, e[1].name, CROSS_ENTROPY) for x in expected):
             expected.append((vjp, e[1].name, CROSS_ENTROPY, found[0]))
         out += replaced
     if not expected:
         return program, meta
+    # the check sits just before the first inlined steps: inside the step's kernel region, which a
+    # backend that compiles it (backend_compile.py) takes whole, and before any optimizer step
     guard = Call(CALL, backend, _kernels_unchanged, {"expected": tuple(expected)}, _no_numbers, (), ())
-    return [guard, *out], meta
+    return [*out[:first], guard, *out[first:]], meta
