@@ -18,7 +18,7 @@ from typing import Any, Callable
 from polygrad.engine import cross_entropy
 from polygrad.ir.ops import Op
 
-from .kernel_view import KernelTable
+from .kernel_view import DispatchKernels, KernelTable
 
 
 class KernelSteps:
@@ -27,6 +27,9 @@ class KernelSteps:
     def __init__(self, kernels: KernelTable, xp: Any) -> None:
         self._k = kernels
         self._xp = xp
+        #: the backend whose dispatched kernels these steps call (None: a table of their own); a
+        #: capture may then replay the steps as kernel calls of its own (polygrad.compile.inline_steps)
+        self.follows_dispatch_of = kernels.name if isinstance(kernels, DispatchKernels) else None
 
     def _run(self, op: Op, *arrays: Any, **attrs: Any) -> Any:
         return self._k[(op, "dense")](*arrays, **attrs)
@@ -57,6 +60,9 @@ def cross_entropy_kernel(kernels: KernelTable, xp: Any) -> Callable:
     def kernel(x: Any, *, target: Any, reduction: str) -> Any:
         return cross_entropy.loss(x, target, reduction, steps)
 
+    # what it runs, for a capture that replays the steps itself (polygrad.compile.inline_steps); a
+    # wrapper that copies the attribute does not name itself, and stays one call
+    kernel.polygrad_steps = (kernel, steps)  # type: ignore[attr-defined]
     return kernel
 
 
@@ -67,4 +73,5 @@ def cross_entropy_vjp(kernels: KernelTable, xp: Any) -> Callable:
     def vjp(g: Any, x: Any, *, needs: tuple, target: Any, reduction: str) -> tuple:
         return (cross_entropy.logits_grad(g, x, target, reduction, steps) if needs[0] else None,)
 
+    vjp.polygrad_steps = (vjp, steps)  # type: ignore[attr-defined]
     return vjp

@@ -98,8 +98,11 @@ alone, forward and in the fused backward (:func:`_push_row_gathers`: on Cora 140
 two-layer GCN step's first layer then runs its feature SpMM and weight gradient over those rows'
 2-hop neighbourhood and its first propagation over their 1-hop rows (``two_hop.py``: Cora 1664 and
 644 rows), under a per-replay check whose failure runs the call eagerly (after repeated failures,
-eagerly for a growing number of calls before capturing again); and a kernel that declares a
-small-output variant (``polygrad_small``) is called through it at call sites whose output is small.
+eagerly for a growing number of calls before capturing again); a fused kernel that declares the
+primitive steps it runs over dispatch's kernels (``polygrad_steps``: the numpy backend's
+cross-entropy and its backward) is replayed as those steps, the backward reading the forward's
+instead of recomputing them (``inline_steps.py``); and a kernel that declares a small-output
+variant (``polygrad_small``) is called through it at call sites whose output is small.
 
 Guards (any change captures again, a bounded LRU cache of captures per function): argument
 structure, shapes, dtypes, layouts, sparsity patterns (by identity), backends and

@@ -22,6 +22,7 @@ from .backend_compile import offer
 from ..runtime.heap import keep_heap_top
 from .rewrite import _all_finite, _push_row_gathers
 from .two_hop import _push_two_hops
+from .inline_steps import _inline_cross_entropy
 
 
 #: set by :func:`profile_entries`: the per-entry seconds of the replays prepared meanwhile
@@ -51,6 +52,7 @@ def prepare(cap: Capture) -> Capture:
     if registry.events["polygrad_op_executed"] is None:
         cap.program, cap.meta = _push_row_gathers(cap.program, cap.meta, cap.spec)
         cap.program, cap.meta = _push_two_hops(cap.program, cap.meta, cap.spec)
+        cap.program, cap.meta = _inline_cross_entropy(cap.program, cap.meta, cap.spec)
     # a backend may compile its kernels (backend_compile.py)
     cap.fast = offer(cap, _generate(cap, timings=_profile), _result, _rebuild)
     keep_heap_top()  # replays free their intermediates at the end of every call (runtime/heap.py)
