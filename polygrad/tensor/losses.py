@@ -11,6 +11,7 @@ elsewhere, and with the other options, the composite itself.
 """
 from __future__ import annotations
 
+import math
 from numbers import Real
 from typing import Any
 
@@ -30,6 +31,16 @@ from .indexing import index_add
 from .sparse_routing import is_sparse
 
 
+def _guard_host(arr: Any) -> None:
+    """Under a ``pg.compile`` capture, guard a numpy array the loss reads on the host (classes, a
+    mask, class weights) by content: the caller's own array, which they may edit in place between
+    calls (a copy made here never changes, so guarding it would freeze the capture's values)."""
+    if isinstance(arr, np.ndarray):
+        rec = dispatch._recording.get()
+        if rec is not None:
+            rec.host_array(arr)
+
+
 def _target_indices(target, name: str = "cross_entropy") -> np.ndarray:
     try:
         arr = target.numpy() if isinstance(target, Tensor) else np.asarray(target)
@@ -37,12 +48,22 @@ def _target_indices(target, name: str = "cross_entropy") -> np.ndarray:
         raise ShapeError(f"{name}: class targets must be an integer array: {exc}") from None
     if arr.dtype.kind not in "iu":
         raise DTypeError(f"{name}: class targets must be integers, got {arr.dtype}")
+    _guard_host(arr)
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:  # would wrap negative
+        raise IndexOutOfRangeError(f"{name}: target class {int(arr.max())} out of range (uint64 past int64)")
     return arr.astype(np.int64)
 
 
 def _check_arguments(name: str, input: Any, size_average: Any, reduce: Any, reduction: str,
                      ignore_index: Any) -> None:
     """What every option of the two losses must be, checked before anything runs."""
+    if size_average is not None and not isinstance(size_average, bool):
+        # a 4th positional that was reduction (cross_entropy) or ignore_index (nll_loss) before
+        # polygrad took PyTorch's signature: say that, not what a legacy flag would mean
+        raise ArgumentError(
+            f"{name}: the 4th positional argument is PyTorch's deprecated size_average, got {size_average!r}; "
+            f"{name} takes PyTorch's signature (input, target, weight=None, size_average=None, ignore_index=-100, "
+            "reduce=None, reduction='mean', ...): pass reduction= and ignore_index= by keyword")
     if size_average is not None or reduce is not None:
         # what they meant (PyTorch's _Reduction.legacy_get_string): reduce=False wins, then size_average
         meant = "none" if reduce is False else "sum" if size_average is False else "mean"
@@ -85,11 +106,12 @@ def _class_weight(name: str, weight: Any, input: Tensor) -> np.ndarray | None:
             arr = np.asarray(weight)
         except (ValueError, TypeError) as exc:
             raise ShapeError(f"{name}: weight must be a 1-D array of one float per class: {exc}") from None
-        if isinstance(weight, np.ndarray) and dispatch._recording.get() is not None:
-            dispatch._recording.get().host_array(weight)  # pg.compile guards the weights by content
+    _guard_host(arr)
     c = input.shape[1]
     if arr.dtype.kind != "f":
-        raise DTypeError(f"{name}: weight must be floating (one float per class), got {arr.dtype}")
+        hint = (" (a row mask is passed as mask=..., keyword only: the third positional argument is PyTorch's "
+                "class weight)" if arr.dtype.kind in "biu" else "")
+        raise DTypeError(f"{name}: weight must be floating (one float per class), got {arr.dtype}{hint}")
     if arr.shape != (c,):
         raise ShapeError(f"{name}: weight of shape {arr.shape} must be [C] = ({c},) for input {input.shape}")
     return arr.astype(np.float64)
@@ -135,6 +157,10 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, size_average: 
     * ``size_average`` / ``reduce``: PyTorch's deprecated arguments, refused (use ``reduction``).
     * ``mask`` (polygrad's, keyword only): a boolean ``[N]`` mask or an index array choosing which
       rows count (the training nodes of a graph), applied before everything else.
+
+    Under ``pg.compile``, numpy arrays given as classes, ``weight`` or ``mask`` are guarded by
+    content (edited in place between calls, the step is captured again); Python lists are read
+    when the step is captured, as any host data a ``pure=True`` step turns into tensors itself.
     """
     _check_arguments("cross_entropy", input, size_average, reduce, reduction, ignore_index)
     input = _floating(input)
@@ -149,19 +175,18 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, size_average: 
             raise ArgumentError(f"cross_entropy: ignore_index={ignore_index} is not supported for probability "
                                 "targets (as in PyTorch)")
         return _soft_cross_entropy(input, probs, w, reduction, eps)
-    idx = _class_targets("cross_entropy", target, input, ignore_index)
-    counted = idx != ignore_index
-    if w is None and eps == 0.0 and counted.all():  # PyTorch's plain case: one fused op where it can
+    idx, counted = _class_targets("cross_entropy", target, input, ignore_index)
+    if w is None and eps == 0.0 and counted is None:  # PyTorch's plain case: one fused op where it can
         fused = _fused_cross_entropy(input, idx, reduction)
         if fused is not None:
             return fused
         return reduce_losses(-log_softmax(input, -1)[np.arange(n), idx], reduction, "cross_entropy")
     logp = log_softmax(input, -1)
-    nll, scale = _weighted_nll(logp, idx, counted, w, reduction)
+    nll, denominator = _weighted_nll(logp, idx, counted, w, reduction)
     if eps == 0.0:
         return nll
     # the smoothing term: -sum_c w[c] logp[i, c] over the counted rows (PyTorch zeroes the ignored ones)
-    rows = np.flatnonzero(counted)
+    rows = np.arange(n) if counted is None else np.flatnonzero(counted)
     picked = logp if rows.size == n else logp[rows]
     if w is not None:
         picked = picked * _tensor(w.astype(input.dtype), backend=input.backend)
@@ -171,7 +196,7 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, size_average: 
     else:
         smooth_term = smooth.sum()
         if reduction == "mean":
-            smooth_term = smooth_term * scale
+            smooth_term = _mean(smooth_term, denominator)
     return nll * (1.0 - eps) + smooth_term * (eps / c)
 
 
@@ -187,24 +212,43 @@ def _soft_cross_entropy(input: Tensor, probs: Tensor, w: np.ndarray | None, redu
     return reduce_losses(-terms.sum(-1), reduction, "cross_entropy")
 
 
-def _class_targets(name: str, target: Any, input: Tensor, ignore_index: int) -> np.ndarray:
+def _class_targets(name: str, target: Any, input: Tensor, ignore_index: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The classes as int64 ``[N]``, checked, and which rows count (None: every row, the common
+    case, told apart by the classes' range alone -- two reductions instead of four passes)."""
     idx = _target_indices(target, name)
     n, c = input.shape
     if idx.shape != (n,):
         raise ShapeError(f"{name}: targets {idx.shape} must be [N] = ({n},) for input {input.shape}")
-    bad = (idx != ignore_index) & ((idx < 0) | (idx >= c))
+    if not idx.size:
+        return idx, None
+    lo, hi = int(idx.min()), int(idx.max())
+    if 0 <= lo and hi < c and not lo <= ignore_index <= hi:
+        return idx, None
+    counted = idx != ignore_index
+    bad = counted & ((idx < 0) | (idx >= c))
     if bad.any():
         raise ShapeError(f"{name}: target class out of range [0, {c}) for input {input.shape}: "
                          f"{int(idx[bad][0])} (ignore_index={ignore_index})")
-    return idx
+    return idx, (None if counted.all() else counted)
 
 
-def _weighted_nll(logp: Tensor, idx: np.ndarray, counted: np.ndarray, w: np.ndarray | None,
+def _mean(total: Tensor, denominator: float) -> Tensor:
+    """``total / denominator`` as polygrad's means compute it (times the reciprocal); a subnormal
+    denominator, whose reciprocal overflows where the quotient need not, is scaled by 2**64 on
+    both sides first (exact), so summed weights of 1e-310 give PyTorch's finite mean, not inf."""
+    with np.errstate(divide="ignore", over="ignore"):  # summed weights of 0: total * inf (0 / 0 is NaN), as PyTorch
+        scale = float(np.float64(1.0) / np.float64(denominator))
+    if math.isinf(scale) and denominator != 0.0:
+        return (total * 2.0 ** 64) * float(np.float64(1.0) / np.float64(denominator * 2.0 ** 64))
+    return total * scale
+
+
+def _weighted_nll(logp: Tensor, idx: np.ndarray, counted: np.ndarray | None, w: np.ndarray | None,
                   reduction: str) -> tuple[Tensor, float]:
-    """``-w[t] logp[i, t]`` over the counted rows, reduced as PyTorch's ``nll_loss`` ("mean"
-    divides by the counted rows' summed weights), and the factor "mean" scaled the sum by."""
+    """``-w[t] logp[i, t]`` over the counted rows (``counted`` None: all), reduced as PyTorch's
+    ``nll_loss`` ("mean" divides by the counted rows' summed weights), and that denominator."""
     n = logp.shape[0]
-    rows = np.flatnonzero(counted)
+    rows = np.arange(n) if counted is None else np.flatnonzero(counted)
     cls = idx[rows]
     picked = logp[rows, cls]
     if w is not None:
@@ -215,9 +259,7 @@ def _weighted_nll(logp: Tensor, idx: np.ndarray, counted: np.ndarray, w: np.ndar
     if reduction == "sum":
         return total, 1.0
     denominator = float(w[cls].sum()) if w is not None else float(rows.size)
-    with np.errstate(divide="ignore"):  # summed weights of 0: total * inf, NaN for a 0 total (0 / 0), as PyTorch
-        scale = float(np.float64(1.0) / np.float64(denominator))
-    return total * scale, scale
+    return _mean(total, denominator), denominator
 
 
 def nll_loss(input: Tensor, target: Any, weight: Any = None, size_average: Any = None,  # noqa: A002
@@ -233,8 +275,8 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None, size_average: Any =
         rows = _mask_rows(mask, input.shape[0])
         input, target = input[rows], _target_indices(target, "nll_loss")[rows]
     w = _class_weight("nll_loss", weight, input)
-    idx = _class_targets("nll_loss", target, input, ignore_index)
-    return _weighted_nll(input, idx, idx != ignore_index, w, reduction)[0]
+    idx, counted = _class_targets("nll_loss", target, input, ignore_index)
+    return _weighted_nll(input, idx, counted, w, reduction)[0]
 
 
 _KEY = (Op.CROSS_ENTROPY, "dense")
@@ -248,9 +290,6 @@ def _fused_cross_entropy(logits: Tensor, idx: np.ndarray, reduction: str) -> Ten
             or reduction not in ("mean", "sum", "none")
             or registry.tables.get(logits._be.name, _NONE).get(_KEY) is None):
         return None
-    rec = dispatch._recording.get()
-    if rec is not None:  # pg.compile guards the classes by content, as it does a getitem's index
-        rec.host_array(idx)
     return apply(Op.CROSS_ENTROPY, (logits,), {"target": idx, "reduction": reduction})
 
 
@@ -273,6 +312,7 @@ def _mask_rows(mask, n: int) -> np.ndarray:
         arr = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
     except (ValueError, TypeError) as exc:  # ragged nested lists
         raise ShapeError(f"mask must be a bool mask [{n}] or integer row indices: {exc}") from None
+    _guard_host(arr)
     if arr.dtype == bool:
         if arr.shape != (n,):
             raise ShapeError(f"mask of shape {arr.shape} does not match {n} rows")
