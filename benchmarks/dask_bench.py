@@ -346,7 +346,7 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         target = pg.Tensor.from_backend(_on_workers(rows, targets_rows, targets_rows(0, 0)), "dask")
         pg.materialize(target)
         before = client.run(_worker_stats)
-        metrics = client.run_on_scheduler(_execute_metrics)
+        metrics = _cluster_metrics(client)
         from distributed import get_task_stream
 
         import time
@@ -357,7 +357,7 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         wall = time.perf_counter() - start
         client_cpu = _cpu_s() - client_cpu
         after = client.run(_worker_stats)
-        metrics = _metrics_delta(client.run_on_scheduler(_execute_metrics), metrics, s["epochs"] + 1)
+        metrics = _metrics_delta(_cluster_metrics(client), metrics, s["epochs"] + 1)
         moved = sum(after[w]["sent"] - before[w]["sent"] for w in after) / (s["epochs"] + 1)
         halo = sum(getattr(adj.pattern, "partition").halo_rows().values())
         return {"epoch_s": float(np.median(seconds)), "client_peak_rss_mb": _peak_rss_mb(),
@@ -373,16 +373,26 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         polygrad_dask.cluster.close(client)
 
 
-def _execute_metrics(dask_scheduler=None) -> dict:
-    """The scheduler's cumulative per-task-kind execution metrics: ``{(kind, "thread-cpu" |
+def _execute_metrics(dask_worker=None) -> dict:
+    """A worker's cumulative per-task-kind execution metrics: ``{(kind, "thread-cpu" |
     "thread-noncpu"): seconds}`` -- the CPU time of the threads running tasks of that kind, and the
     rest of their wall time (waiting for a core held by another process, page faults served by the
-    host, the GIL)."""
+    host, the GIL).  Read on the worker, not from the scheduler's copy, which lags a heartbeat."""
     out: dict = {}
-    for key, value in dask_scheduler.cumulative_worker_metrics.items():
-        if isinstance(key, tuple) and len(key) == 4 and key[0] == "execute" and key[3] == "seconds" \
-                and key[2] in ("thread-cpu", "thread-noncpu"):
-            out[(str(key[1]), key[2])] = out.get((str(key[1]), key[2]), 0.0) + float(value)
+    for key, value in dict(dask_worker.digests_total).items():
+        # ("execute", span, kind, activity, unit)
+        if isinstance(key, tuple) and len(key) >= 4 and key[0] == "execute" and key[-1] == "seconds" \
+                and key[-2] in ("thread-cpu", "thread-noncpu"):
+            out[(str(key[-3]), key[-2])] = out.get((str(key[-3]), key[-2]), 0.0) + float(value)
+    return out
+
+
+def _cluster_metrics(client) -> dict:
+    """:func:`_execute_metrics` summed over the workers."""
+    out: dict = {}
+    for per_worker in client.run(_execute_metrics).values():
+        for key, value in per_worker.items():
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
