@@ -17,7 +17,10 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   each other per epoch (``transfer_outgoing_bytes_total``), against the halo the partition
   predicts (the remote rows the row blocks fetch: ``Partition.halo_rows``), and where the workers'
   time went (dask's task stream: compute seconds per task kind, time receiving data, and the
-  share of 2 x wall the workers computed at all);
+  share of 2 x wall the workers computed at all), and CPU seconds per epoch, which the machine's
+  load does not inflate: the workers' (their task threads' by kind, and dask's own threads'), the
+  client's and scheduler's, and the task threads' time off a CPU -- against the numpy process's
+  CPU seconds per epoch and its parallel kernels' share;
 * **dask, capped workers**: the same training on 4 workers whose ``memory_limit`` is 45% of the
   numpy run's peak (each holds less than the single-process run needs): the largest loss
   difference from numpy's.  (With 3 such workers a worker holding a third of the 1M-node graph
