@@ -17,7 +17,10 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   each other per epoch (``transfer_outgoing_bytes_total``), against the halo the partition
   predicts (the remote rows the row blocks fetch: ``Partition.halo_rows``), and where the workers'
   time went (dask's task stream: compute seconds per task kind, time receiving data, and the
-  share of 2 x wall the workers computed at all);
+  share of 2 x wall the workers computed at all), and CPU seconds per epoch, which the machine's
+  load does not inflate: the workers' (their task threads' by kind, and dask's own threads'), the
+  client's and scheduler's, and the task threads' time off a CPU -- against the numpy process's
+  CPU seconds per epoch and its parallel kernels' share;
 * **dask, capped workers**: the same training on 4 workers whose ``memory_limit`` is 45% of the
   numpy run's peak (each holds less than the single-process run needs): the largest loss
   difference from numpy's.  (With 3 such workers a worker holding a third of the 1M-node graph
@@ -47,6 +50,7 @@ POLYGRAD_DASK_BENCH_NODES, _EDGES, _FEATURES, _EPOCHS override the defaults; ``-
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -242,15 +246,64 @@ def child_numpy(s: dict) -> dict:
         adj = pg.gcn_norm(pg.from_edge_index(ei, s["nodes"]))
         del ei
         x = pg.tensor(features_rows(0, s["nodes"], s["features"]))
-        seconds, losses = _train(x, adj, pg.tensor(targets_rows(0, s["nodes"])), s["epochs"])
+        target = pg.tensor(targets_rows(0, s["nodes"]))
+        cpu = _cpu_s()
+        with _metered_numpy_kernels() as kernels:
+            seconds, losses = _train(x, adj, target, s["epochs"])
+        cpu = (_cpu_s() - cpu) / (s["epochs"] + 1)
     return {"epoch_s": float(np.median(seconds)), "peak_rss_mb": _peak_rss_mb(), "losses": losses,
-            "threads": pg.get_num_threads()}
+            "threads": pg.get_num_threads(), "cpu_s_per_epoch": cpu,
+            "kernel_cpu_s_per_epoch": {k: round(v / (s["epochs"] + 1), 3) for k, v in kernels.items()}}
+
+
+#: the numpy backend's multi-threaded kernels (``polygrad.backends.parallel``) metered by
+#: :func:`_metered_numpy_kernels`: its SpMMs and the large dense products and elementwise ops
+METERED_NUMPY_KERNELS = ("csr_spmm", "transposed_spmm", "matmul", "elementwise", "column_sums", "reduce_trailing")
+
+
+@contextlib.contextmanager
+def _metered_numpy_kernels():
+    """Process CPU seconds (every thread) spent in each of the numpy backend's parallel kernels
+    while the block runs: the numpy side of the CPU comparison with the Dask workers' task kinds.
+    The kernels are looked up on their module at each call, so wrapping the module's functions
+    meters them; the wrappers cost a few microseconds per call (tens of calls per epoch)."""
+    from polygrad.backends import parallel
+
+    spent: dict = {}
+    originals = {name: getattr(parallel, name) for name in METERED_NUMPY_KERNELS}
+
+    def metered(name: str, fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            start = _cpu_s()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + _cpu_s() - start
+        return run
+
+    for name, fn in originals.items():
+        setattr(parallel, name, metered(name, fn))
+    try:
+        yield spent
+    finally:
+        for name, fn in originals.items():
+            setattr(parallel, name, fn)
+
+
+def _cpu_s() -> float:
+    """This process's CPU seconds (all threads: the client, and a LocalCluster's scheduler)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _worker_stats(dask_worker=None) -> dict:
     import dask
     import psutil
+    times = psutil.Process().cpu_times()
     return {"peak_rss_mb": _peak_rss_mb(), "rss_mb": psutil.Process().memory_info().rss / 2**20,
+            "cpu_s": times.user + times.system,
             "sent": dask_worker.transfer_outgoing_bytes_total,
             "spill": dask.config.get("distributed.worker.memory.spill")}
 
@@ -296,25 +349,70 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         target = pg.Tensor.from_backend(_on_workers(rows, targets_rows, targets_rows(0, 0)), "dask")
         pg.materialize(target)
         before = client.run(_worker_stats)
+        metrics = _cluster_metrics(client)
         from distributed import get_task_stream
 
         import time
 
-        start = time.perf_counter()
+        start, client_cpu = time.perf_counter(), _cpu_s()
         with get_task_stream(client) as stream:
             seconds, losses = _train(x, adj, target, s["epochs"])
         wall = time.perf_counter() - start
+        client_cpu = _cpu_s() - client_cpu
         after = client.run(_worker_stats)
+        metrics = _metrics_delta(_cluster_metrics(client), metrics, s["epochs"] + 1)
         moved = sum(after[w]["sent"] - before[w]["sent"] for w in after) / (s["epochs"] + 1)
         halo = sum(getattr(adj.pattern, "partition").halo_rows().values())
         return {"epoch_s": float(np.median(seconds)), "client_peak_rss_mb": _peak_rss_mb(),
-                "profile": _profile(stream.data, wall, s["epochs"] + 1, workers),
+                "profile": {**_profile(stream.data, wall, s["epochs"] + 1, workers),
+                            "worker_cpu_s_per_epoch": sum(after[w]["cpu_s"] - before[w]["cpu_s"] for w in after)
+                            / (s["epochs"] + 1),
+                            "client_cpu_s_per_epoch": client_cpu / (s["epochs"] + 1), **metrics},
                 "worker_peak_rss_mb": sorted(round(v["peak_rss_mb"], 1) for v in after.values()),
                 "bytes_moved_per_epoch": moved, "halo_rows": halo, "losses": losses,
                 "spill": sorted({str(v["spill"]) for v in after.values()}),
                 "worker_idle_rss_mb": max(v["rss_mb"] for v in idle.values())}
     finally:
         polygrad_dask.cluster.close(client)
+
+
+def _execute_metrics(dask_worker=None) -> dict:
+    """A worker's cumulative per-task-kind execution metrics: ``{(kind, "thread-cpu" |
+    "thread-noncpu"): seconds}`` -- the CPU time of the threads running tasks of that kind, and the
+    rest of their wall time (waiting for a core held by another process, page faults served by the
+    host, the GIL).  Read on the worker, not from the scheduler's copy, which lags a heartbeat."""
+    out: dict = {}
+    for key, value in dict(dask_worker.digests_total).items():
+        # ("execute", span, kind, activity, unit)
+        if isinstance(key, tuple) and len(key) >= 4 and key[0] == "execute" and key[-1] == "seconds" \
+                and key[-2] in ("thread-cpu", "thread-noncpu"):
+            out[(str(key[-3]), key[-2])] = out.get((str(key[-3]), key[-2]), 0.0) + float(value)
+    return out
+
+
+def _cluster_metrics(client) -> dict:
+    """:func:`_execute_metrics` summed over the workers."""
+    out: dict = {}
+    for per_worker in client.run(_execute_metrics).values():
+        for key, value in per_worker.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _metrics_delta(after: dict, before: dict, epochs: int) -> dict:
+    """Per epoch, from two :func:`_execute_metrics` snapshots: the workers' task CPU seconds and
+    the seconds their task threads were not on a CPU, in all and for the ten costliest kinds."""
+    cpu: dict = {}
+    stalled = 0.0
+    for (kind, what), value in after.items():
+        delta = (value - before.get((kind, what), 0.0)) / epochs
+        if what == "thread-cpu":
+            cpu[kind] = cpu.get(kind, 0.0) + delta
+        else:
+            stalled += delta
+    top = sorted(cpu.items(), key=lambda kv: -kv[1])[:10]
+    return {"task_cpu_s_per_epoch": sum(cpu.values()), "task_noncpu_s_per_epoch": stalled,
+            "task_cpu_s_per_epoch_by_kind": {k: round(v, 3) for k, v in top}}
 
 
 def _profile(records: list, wall_s: float, epochs: int, workers: int) -> dict:
@@ -499,10 +597,15 @@ def run(quick: bool) -> dict:
     worker_ratio = max(got["worker_peak_rss_mb"]) / np_peak
     client_ratio = got["client_peak_rss_mb"] / np_peak
     epoch_ratio = got["epoch_s"] / anchor["epoch_s"]
+    prof, np_kernels = got["profile"], anchor["kernel_cpu_s_per_epoch"]
+    dask_cpu = prof["worker_cpu_s_per_epoch"] + prof["client_cpu_s_per_epoch"]
     per_edge = got["bytes_moved_per_epoch"] / s["edges"]
     rows = [
         {"section": f"numpy (1 process, {anchor['threads']} threads)", "epoch_s": round(anchor["epoch_s"], 3),
-         "peak_rss_mb": round(np_peak, 1)},
+         "peak_rss_mb": round(np_peak, 1), "cpu_s_per_epoch": round(anchor["cpu_s_per_epoch"], 2)},
+        {"section": "numpy: where its CPU went",
+         "status": "CPU s/epoch (all threads) " + ", ".join(f"{k} {v}" for k, v in np_kernels.items())
+                   + f", rest {anchor['cpu_s_per_epoch'] - sum(np_kernels.values()):.3f}"},
         {"section": f"numpy (1 process, {one_thread['threads']} thread: context)",
          "epoch_s": round(one_thread["epoch_s"], 3)},
         {"section": "dask (2 workers)", "epoch_s": round(got["epoch_s"], 3),
@@ -514,10 +617,18 @@ def run(quick: bool) -> dict:
                    f"{got['profile']['tasks_per_epoch']:.0f} tasks/epoch, receiving "
                    f"{got['profile']['transfer_s_per_epoch']:.2f} s/epoch; compute s/epoch "
                    + ", ".join(f"{k} {v}" for k, v in list(got["profile"]["compute_s_per_epoch"].items())[:6])},
+        {"section": "dask (2 workers): CPU",
+         "cpu_s_per_epoch": round(dask_cpu, 2),
+         "status": f"workers {prof['worker_cpu_s_per_epoch']:.2f} s/epoch (tasks {prof['task_cpu_s_per_epoch']:.2f}, "
+                   f"the rest dask's own threads), client and scheduler {prof['client_cpu_s_per_epoch']:.2f}; "
+                   f"task threads off a CPU {prof['task_noncpu_s_per_epoch']:.2f} s/epoch; task CPU s/epoch "
+                   + ", ".join(f"{k} {v}" for k, v in list(prof["task_cpu_s_per_epoch_by_kind"].items())[:6])},
     ]
     summary = {"nodes": s["nodes"], "edges": s["edges"], "features": s["features"],
                "numpy_epoch_s": anchor["epoch_s"], "dask_epoch_s": got["epoch_s"],
                "numpy_1_thread_epoch_s": one_thread["epoch_s"],
+               "numpy_cpu_s_per_epoch": anchor["cpu_s_per_epoch"],
+               "numpy_kernel_cpu_s_per_epoch": np_kernels, "dask_cpu_s_per_epoch": dask_cpu,
                "epoch_ratio_vs_1_thread_numpy": got["epoch_s"] / one_thread["epoch_s"],
                "epoch_ratio": epoch_ratio, "numpy_peak_rss_mb": np_peak,
                "worker_peak_rss_mb": got["worker_peak_rss_mb"], "client_peak_rss_mb": got["client_peak_rss_mb"],

@@ -154,6 +154,16 @@ def client():
             ctx.__exit__(None, None, None)
 
 
+def _profiling(dask_worker=None) -> bool:
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_connect_starts_workers_without_the_statistical_profiler(client):
+    """connect()'s workers (no dashboard) do not sample their stacks 100 times a second: CPU the
+    kernels need on a machine whose cores the workers share."""
+    assert set(client.run(_profiling).values()) == {False}
+
+
 def _sent(client) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
 
