@@ -52,6 +52,12 @@ def _crossable(e: tuple, owner: Any) -> bool:
             or (getattr(e[1], "counters_only", False) and getattr(e[1], "__self__", None) is not owner))
 
 
+def _draws_nothing(method: Any) -> bool:
+    """A host call known not to draw random numbers: an optimizer's ``zero_grad`` or step counters."""
+    return bool(getattr(method, "counters_only", False)) or (
+        getattr(method, "__name__", None) == "zero_grad" and hasattr(getattr(method, "__self__", None), "param_groups"))
+
+
 def keyed_call(be: Any, fn: Callable[..., Any], attrs: dict, numbers: Callable[[], tuple]) -> Any:
     """``fn(*numbers(), **attrs)``: an array made on backend ``be`` from host numbers alone (a random
     draw from a key: ``numbers`` draws the key).  A capture records it as a :class:`Call`, so every
@@ -319,6 +325,12 @@ class _Recorder:
                 target = pos
                 while target > 0 and self.program[target - 1][0] in (SET_DATA, SET_STATE, SET_GRAD):
                     target -= 1
+        if any(e[0] == HOST and not e[2] for e in self.program[:target]):
+            # a host call that cannot be repeated (a scheduler's step before the optimizer's) runs
+            # before this point: a fault here could not run the call eagerly and would stop the
+            # user's training with StaleCapture.  The replay keeps the captured grouping instead:
+            # the same finite values; only NaN payload and sign bits may then differ from eager's
+            return
         if always or target != at:
             self.program.insert(target, Call(CALL, be, _checked, {}, numbers, (), ()))
 
@@ -453,9 +465,11 @@ class _Recorder:
         spec = self._output(out)
         if self.problem is not None:
             raise _Refused(self.problem)
-        # a keyed Call draws a key (keyed_call); an optimizer's update Call does not, and a replay
-        # saves the generator's state (for an eager re-run after a fault) only where one draws
-        fresh_draws = any(e[0] == FRESH or (e[0] == CALL and type(e[2]) is _Tupled) for e in self.program)
+        # a keyed Call draws a key (keyed_call), and so may a user's host call (host_call of a
+        # function that draws); an optimizer's update Call, zero_grad and step counters do not: a
+        # replay saves the generator's state (for an eager re-run after a fault) only where one may
+        fresh_draws = any(e[0] == FRESH or (e[0] == CALL and type(e[2]) is _Tupled)
+                          or (e[0] == HOST and not _draws_nothing(e[1])) for e in self.program)
         guards = StateGuards(self.grad_guard + self._optimizer_grad_guard(), self.host_guards, self.requires_grad_guard,
                              list(self.module_guard.values()), list(self.optimizer_guard.values()),
                              list(self.array_guard.values()))

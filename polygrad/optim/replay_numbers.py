@@ -44,7 +44,12 @@ class Numbers:
                 at = (id(opt), self.index, inputs(state))
                 rule = memo.get(at)
                 if rule is None:
-                    rule = memo[at] = opt._rule(lr, opt.param_groups[self.index], state)
+                    rule = opt._rule(lr, opt.param_groups[self.index], state)
+                    if not _has_nan(rule.numbers):
+                        # shared only without NaN: eager computes a rule per parameter, and NaN
+                        # numbers (an lr set to nan) then differ between parameters (NaN != NaN),
+                        # so eager updates each alone; one shared tuple would compare equal
+                        memo[at] = rule
         except KeyError:
             raise StaleCapture(f"{type(opt).__name__}: a parameter's state was cleared since the step was "
                                "captured") from None
@@ -70,6 +75,17 @@ def _rule_inputs(opt: Any) -> Any:
         declared = _DECLARED[cls] = (getattr(cls, "_rule_inputs", None) is not None
                                      and definer("_rule") is definer("_rule_inputs"))
     return opt._rule_inputs if declared else None
+
+
+def _has_nan(numbers: tuple) -> bool:
+    """Whether a rule's numbers hold a NaN (or something not comparable to itself as a bool)."""
+    for n in numbers:
+        try:
+            if n != n:
+                return True
+        except Exception:  # noqa: BLE001 - an array number: not shared
+            return True
+    return False
 
 
 def _rules_now(parts: list[Numbers]) -> list:
@@ -143,7 +159,10 @@ class GroupingCheck:
     concatenated with it at capture (numpy, same shape and dtype: a replay's gradients are its
     own, so this cannot change); ``captured``: the :func:`partition` the capture used.  Recorded
     where the capture has two groups or more, or where another optimizer stepped before this
-    one in the step (the check then runs before that step: ``_Recorder.check``)."""
+    one in the step (the check then runs before that step: ``_Recorder.check``).  Not recorded
+    where a host call that cannot be repeated (a scheduler stepped inside the step) runs before
+    the point it would check at: a fault there would stop the training, so the replay keeps the
+    captured grouping (the same finite values; NaN payload and sign bits may differ from eager)."""
 
     __slots__ = ("parts", "leaves", "grads_fit", "captured")
 

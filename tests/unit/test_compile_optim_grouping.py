@@ -267,3 +267,108 @@ def test_a_subclass_that_overrides_the_rule_alone_gets_a_rule_per_parameter() ->
     p = [pg.tensor(np.ones(3), requires_grad=True)]
     assert _rule_inputs(optim.AdamW(p)) is not None and _rule_inputs(optim.SGD(p, lr=0.1)) is not None
     assert _rule_inputs(Mine(p)) is None
+
+
+# -- review fixes (round 8) ----------------------------------------------------------------------------
+
+def _nan_laden(shape: tuple, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=shape).astype(np.float32)
+    bits = v.view(np.uint32)
+    nan_at = rng.random(shape) < 0.5
+    bits[nan_at] = rng.choice(np.array([0x7FC00001, 0xFFC00002, 0x7FC0BEEF, 0xFFC00000], dtype=np.uint32),
+                              size=int(nan_at.sum()))
+    return v
+
+
+@pytest.mark.parametrize("hyper", ["lr", "weight_decay"])
+def test_a_nan_hyper_parameter_faults_and_keeps_eagers_bits(hyper: str) -> None:
+    """Eager computes a rule per parameter, so NaN numbers (an lr set to nan) differ between
+    parameters (NaN != NaN) and eager updates each alone; the replay's one rule per group made
+    them compare equal and kept the captured concatenation (other NaN bits)."""
+    def run(compiled: bool):
+        ps = [pg.tensor(_nan_laden(s, 20 + i), requires_grad=True) for i, s in enumerate([(16,), (9,), (4,)])]
+        opt = optim.Adam(ps, lr=0.01, weight_decay=0.1)
+        xs = [[pg.tensor(_nan_laden(p.shape, 100 + 7 * k + i)) for i, p in enumerate(ps)] for k in range(7)]
+
+        def step(*x):
+            opt.zero_grad()
+            loss = sum(((p * xi).sum() for p, xi in zip(ps, x)), pg.tensor(np.float32(0.0)))
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        for k in range(7):
+            if k == 4:
+                opt.param_groups[0][hyper] = float("nan")
+            f(*xs[k])
+        state = [opt.state[id(p)][name].tobytes() for p in ps for name in ("exp_avg", "exp_avg_sq")] \
+            if hasattr(opt, "state") and all(id(p) in opt.state for p in ps) else []
+        return [p.numpy().tobytes() for p in ps], state, getattr(f, "stats", None)
+
+    eager, compiled = run(False), run(True)
+    assert compiled[0] == eager[0] and compiled[1] == eager[1]
+    assert compiled[2]["dropped"] >= 1  # the replay faulted at the NaN numbers rather than replaying on
+
+
+def test_a_scheduler_stepped_before_the_optimizer_does_not_stop_training_when_rates_meet() -> None:
+    """The grouping check cannot fault after a host call that cannot be repeated (a scheduler's
+    step inside the step): the rates of two groups decaying to 0 used to raise StaleCapture mid-
+    training; now the replay keeps the captured grouping and gives eager's finite numbers."""
+    from polygrad.optim.lr_scheduler import LambdaLR
+
+    def run(compiled: bool):
+        w = pg.tensor(np.linspace(-1, 1, 6), requires_grad=True)
+        b = pg.tensor(np.array([0.5, -0.5, 1.5]), requires_grad=True)
+        opt = optim.Adam([{"params": [w], "lr": 0.01}, {"params": [b], "lr": 0.02}])
+        sched = LambdaLR(opt, [lambda e: max(0.0, 1 - e / 4), lambda e: max(0.0, 1 - e / 4)])
+
+        def step(x, y):
+            opt.zero_grad()
+            sched.step()
+            loss = (w * x).sum() + (b * y).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        x, y = pg.tensor(np.arange(6.0)), pg.tensor(np.arange(3.0))
+        for _ in range(8):
+            f(x, y)
+        return [p.numpy().tobytes() for p in (w, b)]
+
+    assert run(True) == run(False)
+
+
+def test_a_host_callback_that_draws_keeps_the_random_stream_across_a_fault() -> None:
+    """A replay that faults re-runs the call eagerly after restoring the generator; a user's host
+    callback that draws counts as drawing (it did not: the stream moved on twice)."""
+    from polygrad.compile import host_call
+
+    def run(compiled: bool):
+        pg.manual_seed(3)
+        b = pg.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+        c = pg.tensor(np.array([0.5, -1.0, 2.0]), requires_grad=True)
+        opt = optim.SGD([b, c], lr=0.01)
+
+        def draw():
+            pg.rng().random()
+
+        def step(x):
+            opt.zero_grad()
+            host_call(draw, idempotent=True)
+            draw()
+            loss = ((b * c) * x).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        for k in range(6):
+            if k == 4:
+                opt.param_groups[0]["momentum"] = 0.9  # the rule changes: the replay faults
+            f(pg.tensor(np.array([1.0, 2.0, 3.0])))
+        return pg.rng().bit_generator.state["state"]["state"], [p.numpy().tobytes() for p in (b, c)]
+
+    assert run(True) == run(False)
