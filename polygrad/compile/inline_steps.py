@@ -16,12 +16,13 @@ then calls each kernel directly (its small-output variant where it declares one)
 backward repeats -- the same kernel on the same slots with the same attributes -- reads the
 forward's slot instead of running again.
 
-Why the bits are eager's: eager's fused kernel makes exactly these kernel calls, in this order, on
-arrays with the same values (each slot is written once; polygrad's kernels are deterministic), and
-the kernels are looked up where dispatch looks them up (``registry.tables``, read when a replay
-starts).  Just before the first inlined steps a replay checks that the cross-entropy kernels in
-the tables are still the ones inlined (a kernel replaced after the capture, or a fault injected
-into it, runs eagerly).  Only
+Why the bits are eager's: eager's fused kernel makes these kernel calls, in this order (and the
+shared ones again), on arrays with the same values (each slot is written once; polygrad's kernels
+are deterministic), and the kernels are looked up where dispatch looks them up (``registry.tables``, read when a replay
+starts).  Just before the first inlined steps a replay checks that the cross-entropy kernels and
+every step's kernel in the tables are still the ones inlined (a kernel replaced after the capture,
+or a fault injected into it, runs eagerly: a step the backward shares with the forward is the
+same call only while its kernel is the stock, deterministic one).  Only
 entries before any non-idempotent host call (an optimizer step) are inlined: after it a failing
 kernel is recomputed in place through the fallback chain, which must see the fused op.
 """
@@ -222,6 +223,13 @@ def _inline_cross_entropy(program: list, meta: list, spec: tuple) -> tuple[list,
         first = len(out) if first < 0 else first
         if not any(x[:3] == (vjp, e[1].name, CROSS_ENTROPY) for x in expected):
             expected.append((vjp, e[1].name, CROSS_ENTROPY, found[0]))
+        # and every step's kernel: the backward reads the forward's exp and sums where eager's
+        # calls them again, the same only while the kernels are the stock, deterministic ones (a
+        # fault injected into exp for one call hit eager's second call and the replay's none)
+        table = registry.tables.get(e[1].name, {})
+        for f in replaced:
+            if f[0] == KERNEL and not any(x[:3] == (False, e[1].name, f[2]) for x in expected):
+                expected.append((False, e[1].name, f[2], table.get(f[2])))
         out += replaced
     if not expected:
         return program, meta
