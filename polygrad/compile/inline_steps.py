@@ -18,13 +18,13 @@ forward's slot instead of running again.
 
 Why the bits are eager's: eager's fused kernel makes these kernel calls, in this order (and the
 shared ones again), on arrays with the same values (each slot is written once; polygrad's kernels
-are deterministic), and the kernels are looked up where dispatch looks them up (``registry.tables``, read when a replay
-starts).  Just before the first inlined steps a replay checks that the cross-entropy kernels and
-every step's kernel in the tables are still the ones inlined (a kernel replaced after the capture,
-or a fault injected into it, runs eagerly: a step the backward shares with the forward is the
-same call only while its kernel is the stock, deterministic one).  Only
-entries before any non-idempotent host call (an optimizer step) are inlined: after it a failing
-kernel is recomputed in place through the fallback chain, which must see the fused op.
+are deterministic), and the kernels are looked up where dispatch looks them up
+(``registry.tables``, read when a replay starts). Just before the first inlined steps a replay
+checks that the cross-entropy kernels and every step's kernel in the tables are still the ones
+inlined (a kernel replaced after the capture, or a fault injected into it, runs eagerly: a step the
+backward shares with the forward is the same call only while its kernel is the stock, deterministic
+one). Only entries before any non-idempotent host call (an optimizer step) are inlined: after it a
+failing kernel is recomputed in place through the fallback chain, which must see the fused op.
 """
 from __future__ import annotations
 
