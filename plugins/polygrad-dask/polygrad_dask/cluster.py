@@ -138,7 +138,28 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
         cluster = LocalCluster(n_workers=workers or 2, threads_per_worker=threads_per_worker, processes=True,
                                host=host, dashboard_address=dashboard_address,
                                scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit)
-    return Client(cluster, set_as_default=True)
+    client = Client(cluster, set_as_default=True)
+    if dashboard_address is None:
+        # a worker its nanny restarts (after a crash or a kill) starts its profiler again: the
+        # scheduler hands this plugin to every worker that joins, restarted ones included
+        client.register_plugin(_no_statistical_profiler())
+    return client
+
+
+def _no_statistical_profiler() -> Any:
+    """A WorkerPlugin that stops the worker's statistical profiler (its periodic stack sampling)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class NoStatisticalProfiler(WorkerPlugin):
+        name = "polygrad-no-statistical-profiler"
+
+        def setup(self, worker: Any) -> None:
+            for key in ("profile", "profile-cycle"):
+                callback = worker.periodic_callbacks.pop(key, None)
+                if callback is not None:
+                    callback.stop()
+
+    return NoStatisticalProfiler()
 
 
 def _http_on(host: str, dashboard_address: str | None) -> dict:

@@ -244,6 +244,8 @@ def test_pinned_blocks_survive_a_killed_worker_with_the_same_numbers(client):
             tries += 1
             assert tries <= 3, exc
     np.testing.assert_allclose(got, want, rtol=1e-9)
+    # the restarted worker runs without the statistical profiler too (its nanny had started it again)
+    assert set(client.run(_profiling).values()) == {False}
 
 
 def test_worker_that_cannot_hold_its_block_names_the_worker_and_sizes(client):
