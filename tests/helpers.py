@@ -117,3 +117,17 @@ def weighted_outcome(fn: Callable[["pg.Tensor"], "pg.Tensor"], arr: np.ndarray) 
         w = np.linspace(0.5, 1.5, max(out.numel, 1)).reshape(out.shape).astype(arr.dtype)
         (out * pg.tensor(w)).sum().backward()
     return [out.numpy().copy(), str(out.dtype), list(out.shape), x.grad.numpy().copy()]
+
+
+def sum_of_products_step(opt: optim.Optimizer, params: Sequence[pg.Tensor]) -> Callable[..., "pg.Tensor"]:
+    """A training step over ``params`` whose loss is ``sum_i (p_i * x_i).sum()`` for its arguments
+    ``x_i`` (every parameter gets its own gradient), then ``opt``'s step."""
+    def step(*xs: Any) -> "pg.Tensor":
+        opt.zero_grad()
+        loss = (params[0] * xs[0]).sum()
+        for p, x in zip(params[1:], xs[1:]):
+            loss = loss + (p * x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+    return step

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import polygrad as pg
 from polygrad import optim
 from polygrad.optim.lr_scheduler import ReduceLROnPlateau
+from tests.helpers import sum_of_products_step
 from tests.unit.test_compile_optim_nan_bits import _bits, _element, _nan
 
 CALLS = 8
@@ -57,6 +58,15 @@ SCENARIOS: dict[str, tuple] = {
 }
 
 
+def _params_and_state(opt: Any, params: list) -> list:
+    """Each parameter's bits, then its optimizer state's (arrays as bits, numbers as they are)."""
+    seen: list = []
+    for p in params:
+        seen.append(_bits(p))
+        seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+    return seen
+
+
 def _run(scenario: tuple, dtype: type, values: list, inputs: list, compiled: bool) -> tuple[list, Any]:
     cls, kwargs, lrs, between, schedule = scenario
     params = [pg.tensor(v.copy(order="K"), dtype=dtype, requires_grad=True) for v in values]
@@ -64,14 +74,7 @@ def _run(scenario: tuple, dtype: type, values: list, inputs: list, compiled: boo
     extra = {"lr_schedule": schedule} if schedule is not None else {}
     opt = cls([{"params": params[:half], "lr": lrs[0]}, {"params": params[half:], "lr": lrs[1]}], **kwargs, **extra)
 
-    def step(*xs: Any) -> Any:
-        opt.zero_grad()
-        loss = (params[0] * xs[0]).sum()
-        for p, x in zip(params[1:], xs[1:]):
-            loss = loss + (p * x).sum()
-        loss.backward()
-        opt.step()
-        return loss
+    step = sum_of_products_step(opt, params)
 
     f = pg.compile(step, pure=True) if compiled else step
     seen = []
@@ -80,9 +83,7 @@ def _run(scenario: tuple, dtype: type, values: list, inputs: list, compiled: boo
             if between is not None:
                 between(opt, k)
             seen.append(_bits(f(*[pg.tensor(x, dtype=dtype) for x in xs])))
-            for p in params:
-                seen.append(_bits(p))
-                seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+            seen += _params_and_state(opt, params)
     return seen, f
 
 
@@ -205,9 +206,7 @@ def test_a_grouping_change_in_a_second_optimizer_runs_the_call_eagerly(lrs: tupl
                     o2.param_groups[1]["lr"] = change
                 seen.append(_bits(f(pg.tensor(x), pg.tensor(y))))
                 for opt, ps in ((o1, a), (o2, b)):
-                    for p in ps:
-                        seen.append(_bits(p))
-                        seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+                    seen += _params_and_state(opt, ps)
         return seen, f
 
     want, _ = run(False)
@@ -244,9 +243,7 @@ def test_parameters_of_one_group_in_different_states_get_their_own_numbers(cls: 
         with np.errstate(all="ignore"):
             for k, (x, y) in enumerate(inputs + inputs):
                 seen.append(_bits(f(pg.tensor(x), pg.tensor(y), k == 3)))
-                for p in ps:
-                    seen.append(_bits(p))
-                    seen += [_bits(v) if hasattr(v, "shape") else v for _, v in sorted(opt.state[id(p)].items())]
+                seen += _params_and_state(opt, ps)
         return seen, f
 
     want, _ = run(False)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import polygrad as pg
 from polygrad import optim
-from tests.helpers import assert_bitwise
+from tests.helpers import assert_bitwise, sum_of_products_step
 
 OPTIMIZERS = [
     (optim.Adam, {"lr": 0.01}),
@@ -75,14 +75,7 @@ def _run(cls: type, kwargs: dict, case: tuple, compiled: bool) -> list:
     params = [pg.tensor(v.copy(order="K"), dtype=dtype, requires_grad=True) for v in values]
     opt = cls(params, **kwargs)
 
-    def step(*xs: Any) -> Any:
-        opt.zero_grad()
-        loss = (params[0] * xs[0]).sum()
-        for p, x in zip(params[1:], xs[1:]):
-            loss = loss + (p * x).sum()
-        loss.backward()
-        opt.step()
-        return loss
+    step = sum_of_products_step(opt, params)
 
     f = pg.compile(step, pure=True) if compiled else step
     seen = []
