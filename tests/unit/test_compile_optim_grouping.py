@@ -24,7 +24,8 @@ import polygrad as pg
 from polygrad import optim
 from polygrad.optim.lr_scheduler import ReduceLROnPlateau
 from tests.helpers import sum_of_products_step
-from tests.unit.test_compile_optim_nan_bits import _bits, _element, _nan
+from tests.unit.test_compile_optim_nan_bits import _bits, _nan
+from tests.unit.test_compile_optim_nan_bits import _case as nan_bits_case
 
 CALLS = 8
 
@@ -147,20 +148,8 @@ def test_the_grouping_guard_is_not_needed_when_every_member_is_in_one_call() -> 
     assert calls and not any(isinstance(e[4], GroupingCheck) for e in calls)
 
 
-@st.composite
-def _case(draw: Any) -> tuple:
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
-    shapes = draw(st.lists(st.sampled_from([(1,), (3,), (4,), (9,), (17,), (33,), (3, 5)]), min_size=2, max_size=4))
-    elem = _element(dtype)
-
-    def array(shape: tuple) -> np.ndarray:
-        n = int(np.prod(shape))
-        a = np.array(draw(st.lists(elem, min_size=n, max_size=n)), dtype=dtype).reshape(shape)
-        return np.asfortranarray(a) if len(shape) > 1 and draw(st.booleans()) else a
-
-    values = [array(s) for s in shapes]
-    inputs = [[array(s) for s in shapes] for _ in range(6)]
-    return dtype, values, inputs
+def _case() -> Any:
+    return nan_bits_case(shapes_from=((1,), (3,), (4,), (9,), (17,), (33,), (3, 5)), calls=6)
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,7 +8,7 @@ that updated each parameter alone gave other NaN bits (``0xffc00000`` for eager'
 in Adam's ``exp_avg``).  The capture now records the same concatenated call."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pytest
@@ -50,9 +50,11 @@ def _element(dtype: type) -> st.SearchStrategy:
 
 
 @st.composite
-def _case(draw: Any) -> tuple:
+def _case(draw: Any, shapes_from: Sequence[tuple] = tuple(SHAPES), calls: int = CALLS) -> tuple:
+    """``(dtype, params, inputs)``: 2-4 parameters of shapes from ``shapes_from`` (2-D ones C- or
+    Fortran-ordered) and ``calls`` calls' inputs, NaNs of both signs and payloads, inf and -0.0 among them."""
     dtype = draw(st.sampled_from([np.float32, np.float64]))
-    shapes = draw(st.lists(st.sampled_from(SHAPES), min_size=2, max_size=4))
+    shapes = draw(st.lists(st.sampled_from(shapes_from), min_size=2, max_size=4))
     elem = _element(dtype)
 
     def array(shape: tuple) -> np.ndarray:
@@ -61,7 +63,7 @@ def _case(draw: Any) -> tuple:
         return np.asfortranarray(a) if len(shape) > 1 and draw(st.booleans()) else a
 
     params = [array(s) for s in shapes]
-    inputs = [[array(s) for s in shapes] for _ in range(CALLS)]
+    inputs = [[array(s) for s in shapes] for _ in range(calls)]
     return dtype, params, inputs
 
 
