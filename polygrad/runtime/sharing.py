@@ -69,7 +69,8 @@ def any_shared(arrays: Iterable[Any]) -> bool:
     """Whether any of ``arrays`` is marked: ``any(is_shared(a) for a in arrays)`` in one pass
     under one lock, and a lookup that raises nothing for an unmarked root (``fit`` asks it of a
     dozen state arrays at most of its epochs, where each :func:`is_shared` cost ~1.5 us)."""
-    refs = _shared.data  # type: ignore[attr-defined]  # id(root) -> weak reference (a dead one's referent is None: not marked)
+    # id(root) -> weak reference; a dead one (its removal pending) gives None: not marked
+    refs = _shared.data  # type: ignore[attr-defined]
     if not refs:
         return False
     with _lock:
