@@ -251,10 +251,10 @@ class _StepUndo:
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
-        # taken every epoch in pure mode: one pass, and a plain Tensor (not sparse) skips is_sparse
-        self.storage = [(p, p._data) if type(p) is Tensor else
-                        ((p.values, p.values._data) if is_sparse(p) else (p, p._data))
-                        for g in optimizer.param_groups for p in g["params"]]
+        # taken every epoch in pure mode: a plain Tensor (never sparse) skips is_sparse
+        leaves = [p if type(p) is Tensor else (p.values if is_sparse(p) else p)
+                  for g in optimizer.param_groups for p in g["params"]]
+        self.storage = [(leaf, leaf._data) for leaf in leaves]
         self.state = {k: dict(v) for k, v in optimizer.state.items()}
         self.step_count = optimizer.step_count
 
