@@ -128,6 +128,7 @@ class _HeldSnapshot:
 
 
 _IMMUTABLE = (int, float, complex, str, bytes, tuple, type(None), np.generic)
+_NO_STATE: dict = {}  # a parameter without optimizer state (read only)
 
 
 def _only_parameters(model: Module, optimizer: Optimizer) -> bool:
@@ -145,17 +146,21 @@ def _holdable(undo: _StepUndo, optimizer: Optimizer) -> bool:
     whose held arrays include memory the user can write (``Tensor.numpy()``, ``pg.from_numpy``,
     ``update_`` keeping the caller's array: marked by :mod:`polygrad.runtime.sharing`), even though
     the step replaced it: an edit through the user's reference would change the checkpoint."""
-    if any(leaf._data is data or sharing.is_shared(data) for leaf, data in undo.storage):
-        return False
+    arrays = []
+    for leaf, data in undo.storage:
+        if leaf._data is data:
+            return False
+        arrays.append(data)
     live = optimizer.state
     for key, held in undo.state.items():
-        now = live.get(key, {})
+        now = live.get(key, _NO_STATE)
         for name, v in held.items():
             if isinstance(v, _IMMUTABLE):
                 continue
-            if now.get(name) is v or sharing.is_shared(v._data if isinstance(v, Tensor) else v):
+            if now.get(name) is v:
                 return False
-    return True
+            arrays.append(v._data if isinstance(v, Tensor) else v)
+    return not sharing.any_shared(arrays)  # one pass over the held arrays (taken at most epochs)
 
 
 def _save_checkpoint(good: Any, path: Any) -> None:
@@ -246,7 +251,9 @@ class _StepUndo:
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
-        leaves = [p.values if is_sparse(p) else p for g in optimizer.param_groups for p in g["params"]]
+        # taken every epoch in pure mode: a plain Tensor (never sparse) skips is_sparse
+        leaves = [p if type(p) is Tensor else (p.values if is_sparse(p) else p)
+                  for g in optimizer.param_groups for p in g["params"]]
         self.storage = [(leaf, leaf._data) for leaf in leaves]
         self.state = {k: dict(v) for k, v in optimizer.state.items()}
         self.step_count = optimizer.step_count

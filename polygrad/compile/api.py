@@ -1,6 +1,7 @@
 """``pg.compile`` and the compiled function (see the package docstring)."""
 from __future__ import annotations
 
+import operator
 import threading
 import types
 import warnings
@@ -19,6 +20,9 @@ from .forward_plan import Cursor
 from .guards import _modules_of, flatten_call, contents, python_changed, python_state
 from .program import Capture, CompileError, _mismatch, _Refused, _ReplayFault
 from .recorder import _Recorder
+
+
+_TRAINING = operator.attrgetter("training")
 
 
 class _Entry:
@@ -83,9 +87,11 @@ class Compiled:
         parts: list = []
         flatten_call(self.fn, args, kwargs, flat, parts)
         events = registry.events
+        chain = config.fallback_chain  # a dict the user may edit in place: its repr, unless empty
         parts.append((is_grad_enabled(), get_backend(), config.fallback, config.validate,
-                      repr(config.fallback_chain), config.sparse_threshold, config.sparse_min_elements,
-                      config.memory_fraction, tuple(m.training for m in self._modules),
+                      "{}" if type(chain) is dict and not chain else repr(chain),
+                      config.sparse_threshold, config.sparse_min_elements,
+                      config.memory_fraction, tuple(map(_TRAINING, self._modules)),
                       events["polygrad_op_executed"] is not None,
                       events["polygrad_backward_finished"] is not None))
         return flat, tuple(parts)
