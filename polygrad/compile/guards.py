@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import struct
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -80,7 +81,11 @@ def _flatten(x: Any, flat: list, key: list) -> None:
         else:
             key.append(("tensor", x.shape, x.dtype, x._be.name, x.requires_grad))
             flat.append(x)
-    elif x is None or isinstance(x, (bool, int, float, str, np.number)):
+    elif isinstance(x, (float, complex, np.inexact)):
+        # by its bits: 0.0 == -0.0 (and hash alike), so a value key served -0.0 the capture of
+        # 0.0 (1 / (x * s) gave +inf where eager gives -inf); a NaN keyed by value never matched
+        key.append((type(x), _scalar_bits(x)))
+    elif x is None or isinstance(x, (bool, int, str, np.number)):
         key.append((type(x), x))
     elif isinstance(x, (tuple, list)):
         key.append((type(x), len(x)))
@@ -179,6 +184,18 @@ def _same_param_lists(groups: list, lists: tuple) -> bool:
 #: arrays of at most this many bytes are first compared by their bytes (two small copies and one
 #: memcmp: ~0.2 us where ``np.array_equal`` costs ~2-4 us per call, on every replay's guard)
 _BYTES_FIRST = 1 << 16
+
+
+def _scalar_bits(x: Any) -> bytes:
+    """The bytes of a floating or complex scalar (a Python number or a numpy scalar)."""
+    if type(x) is float:
+        return _DOUBLE.pack(x)
+    if type(x) is complex:
+        return _DOUBLE.pack(x.real) + _DOUBLE.pack(x.imag)
+    return np.asarray(x).tobytes()
+
+
+_DOUBLE = struct.Struct("<d")
 
 
 def _same_array(now: np.ndarray, seen: np.ndarray) -> bool:

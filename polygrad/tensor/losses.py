@@ -11,7 +11,6 @@ elsewhere, and with the other options, the composite itself.
 """
 from __future__ import annotations
 
-import math
 from numbers import Real
 from typing import Any
 
@@ -233,12 +232,14 @@ def _class_targets(name: str, target: Any, input: Tensor, ignore_index: int) -> 
 
 
 def _mean(total: Tensor, denominator: float) -> Tensor:
-    """``total / denominator`` as polygrad's means compute it (times the reciprocal); a subnormal
-    denominator, whose reciprocal overflows where the quotient need not, is scaled by 2**64 on
-    both sides first (exact), so summed weights of 1e-310 give PyTorch's finite mean, not inf."""
+    """``total / denominator`` as polygrad's means compute it (times the reciprocal); a tiny
+    denominator, whose reciprocal overflows ``total``'s dtype where the quotient need not, is
+    scaled by 2**64 on both sides first (exact), so summed weights of 1e-310 (or 1e-40 for
+    float32 input) give PyTorch's finite mean, not inf."""
     with np.errstate(divide="ignore", over="ignore"):  # summed weights of 0: total * inf (0 / 0 is NaN), as PyTorch
         scale = float(np.float64(1.0) / np.float64(denominator))
-    if math.isinf(scale) and denominator != 0.0:
+        overflows = bool(np.isinf(np.asarray(scale, dtype=total.dtype)))
+    if overflows and denominator != 0.0:
         return (total * 2.0 ** 64) * float(np.float64(1.0) / np.float64(denominator * 2.0 ** 64))
     return total * scale
 

@@ -76,6 +76,15 @@ def test_subnormal_summed_weights_give_the_finite_mean() -> None:
     assert got_nll == pytest.approx(want, rel=1e-12)
 
 
+def test_float32_input_with_tiny_weights_gives_the_finite_mean() -> None:
+    """Weights summing to 3e-40: a normal float64 sum whose reciprocal (3e39) overflows float32."""
+    z = np.array([[1.0, 2.0, 0.5], [0.3, -1.0, 2.0]], dtype=np.float32)
+    y = np.array([0, 2])
+    got = pg.cross_entropy(pg.tensor(z), y, np.full(3, 1.5e-40)).item()
+    want = pg.cross_entropy(pg.tensor(z), y).item()  # equal weights: the plain mean
+    assert np.isfinite(got) and got == pytest.approx(want, rel=1e-5)
+
+
 def test_old_argument_order_is_refused_with_what_moved() -> None:
     z = pg.tensor(np.zeros((4, 3)))
     y = np.array([0, 1, 2, 0])
