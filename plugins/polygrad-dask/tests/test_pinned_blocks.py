@@ -77,14 +77,14 @@ def test_block_kernels_equal_the_plain_products(case):
         assert block.segments[j][1] == (col_bounds[j + 1] - col_bounds[j] if need is None else touched.size)
     parts = _parts(block, x, col_bounds)
     np.testing.assert_allclose(sparse_kernels._spmm_block(block, a.data, *parts), a @ x, rtol=1e-12, atol=1e-12)
-    partial = sparse_kernels._spmm_t_halo(block, a.data, g, own)
     want = a.T @ g
     for j in range(len(block.segments)):
         shape = (col_bounds[j + 1] - col_bounds[j], g.shape[1])
         if j == own:  # the own tile goes straight into the result, on its worker
             got = sparse_kernels._assemble(shape, np.float64, ((sparse_kernels.OWN, j),), block, a.data, g)
         else:
-            got = sparse_kernels._assemble(shape, np.float64, (block.need[j],), sparse_kernels._rows_of(partial, j))
+            got = sparse_kernels._assemble(shape, np.float64, (block.need[j],),
+                                           sparse_kernels._spmm_t_part(block, a.data, g, j))
         np.testing.assert_allclose(got, want[col_bounds[j]:col_bounds[j + 1]], rtol=1e-12, atol=1e-12)
     p = np.random.default_rng(0).normal(size=(a.shape[0], x.shape[1]))
     rows = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
