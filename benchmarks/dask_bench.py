@@ -212,9 +212,12 @@ def child_sampled_dask(s: dict, shards: str, workers: int) -> dict:
         polygrad_dask.cluster.close(client)
 
 
-def _train(model_x, adj, target, epochs: int) -> tuple[list[float], list[float]]:
-    """``epochs + 1`` epochs of ``fit`` (the first is warm-up): the timed epochs' seconds, and
-    every epoch's loss."""
+def _train(model_x, adj, target, epochs: int) -> tuple[list[float], list[float], str]:
+    """``epochs + 1`` epochs of ``fit`` (the first is warm-up): the timed epochs' seconds, every
+    epoch's loss, and a SHA-256 of the trained parameters' bytes (runs that must agree bit for bit
+    compare it)."""
+    import hashlib
+
     import polygrad as pg
     from polygrad import nn, optim
     from polygrad.apps.train import fit
@@ -234,7 +237,10 @@ def _train(model_x, adj, target, epochs: int) -> tuple[list[float], list[float]]
     model = Two()
     opt = optim.Adam(model.parameters(), lr=0.01)
     history = fit(model, opt, lambda: nn.cross_entropy(model(), target), epochs + 1, rollback_threshold=None)
-    return history.epoch_seconds[1:], [float(v) for v in history.losses]
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.numpy().tobytes())
+    return history.epoch_seconds[1:], [float(v) for v in history.losses], digest.hexdigest()
 
 
 def child_numpy(s: dict) -> dict:
@@ -249,7 +255,7 @@ def child_numpy(s: dict) -> dict:
         target = pg.tensor(targets_rows(0, s["nodes"]))
         cpu = _cpu_s()
         with _metered_numpy_kernels() as kernels:
-            seconds, losses = _train(x, adj, target, s["epochs"])
+            seconds, losses, _ = _train(x, adj, target, s["epochs"])
         cpu = (_cpu_s() - cpu) / (s["epochs"] + 1)
     return {"epoch_s": float(np.median(seconds)), "peak_rss_mb": _peak_rss_mb(), "losses": losses,
             "threads": pg.get_num_threads(), "cpu_s_per_epoch": cpu,
@@ -356,7 +362,7 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
 
         start, client_cpu = time.perf_counter(), _cpu_s()
         with get_task_stream(client) as stream:
-            seconds, losses = _train(x, adj, target, s["epochs"])
+            seconds, losses, params = _train(x, adj, target, s["epochs"])
         wall = time.perf_counter() - start
         client_cpu = _cpu_s() - client_cpu
         after = client.run(_worker_stats)
@@ -369,7 +375,7 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
                             / (s["epochs"] + 1),
                             "client_cpu_s_per_epoch": client_cpu / (s["epochs"] + 1), **metrics},
                 "worker_peak_rss_mb": sorted(round(v["peak_rss_mb"], 1) for v in after.values()),
-                "bytes_moved_per_epoch": moved, "halo_rows": halo, "losses": losses,
+                "bytes_moved_per_epoch": moved, "halo_rows": halo, "losses": losses, "params_sha256": params,
                 "spill": sorted({str(v["spill"]) for v in after.values()}),
                 "worker_idle_rss_mb": max(v["rss_mb"] for v in idle.values())}
     finally:
@@ -423,10 +429,12 @@ def _profile(records: list, wall_s: float, epochs: int, workers: int) -> dict:
     import collections
 
     compute: collections.Counter = collections.Counter()
+    tasks: collections.Counter = collections.Counter()
     transfer = 0.0
     for rec in records:
         key = rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]
         kind = str(key).rsplit("-", 1)[0]
+        tasks[kind] += 1
         for span in rec["startstops"]:
             took = span["stop"] - span["start"]
             if span["action"] == "compute":
@@ -436,7 +444,8 @@ def _profile(records: list, wall_s: float, epochs: int, workers: int) -> dict:
     busy = sum(compute.values())
     return {"tasks_per_epoch": len(records) / epochs, "busy_share": busy / max(workers * wall_s, 1e-9),
             "transfer_s_per_epoch": transfer / epochs,
-            "compute_s_per_epoch": {k: round(v / epochs, 3) for k, v in compute.most_common(10)}}
+            "compute_s_per_epoch": {k: round(v / epochs, 3) for k, v in compute.most_common(10)},
+            "tasks_per_epoch_by_kind": {k: round(v / epochs, 1) for k, v in tasks.most_common()}}
 
 
 def child_shards(s: dict, path: str, partitions: int, kind: str = "uniform", order: str = "contiguous") -> dict:
@@ -473,7 +482,7 @@ def child_ordered(s: dict, shards: str) -> dict:
         pg.materialize(x)
         pg.materialize(target)
         before = client.run(_worker_stats)
-        seconds, losses = _train(x, adj, target, s["epochs"])
+        seconds, losses, _ = _train(x, adj, target, s["epochs"])
         after = client.run(_worker_stats)
         moved = sum(after[w]["sent"] - before[w]["sent"] for w in after) / (s["epochs"] + 1)
         return {"epoch_s": float(np.median(seconds)), "bytes_moved_per_epoch": moved, "losses": losses,

@@ -9,6 +9,7 @@ bounded.  Sparse ops run block by block on the workers (``sparse_kernels``).
 """
 from __future__ import annotations
 
+import operator
 import uuid
 import warnings
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import dask
 import dask.array as da
 from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph
 import numpy as np
 
 import polygrad as pg
@@ -139,14 +141,18 @@ class DaskBackend(pg.Backend):
                                                for p in probe):
             return None
         blocks = [a.to_delayed(optimize_graph=False) for a in arrays]
-        outs: list = [np.empty(blocks[0].shape, dtype=object) for _ in probe]
+        # result k of every block's rule is picked out by a task keyed as chunk ``(names[k], *index)``
+        # of the k-th result array itself: no ``from_delayed`` alias per block and result, no
+        # ``block``/``concatenate`` alias per chunk (round trips to the scheduler that compute nothing)
+        names = [f"optimizer-result-{uuid.uuid4().hex}" for _ in probe]
+        picks: list = [[] for _ in probe]
         for index in np.ndindex(*blocks[0].shape):
-            shape = tuple(c[i] for c, i in zip(lead.chunks, index))
-            results = dask.delayed(_rule_block, nout=len(probe))(
+            results = dask.delayed(_rule_block, pure=False)(
                 fn, numbers, attrs, *(b[index] for b in blocks), dask_key_name=f"optimizer-rule-{uuid.uuid4().hex}")
-            for k, p in enumerate(probe):
-                outs[k][index] = da.from_delayed(results[k], shape, dtype=p.dtype)
-        return tuple(da.block(o.tolist()) if o.size > 1 else o.reshape(-1)[0] for o in outs)
+            for k in range(len(probe)):
+                picks[k].append(dask.delayed(operator.getitem)(results, k, dask_key_name=(names[k], *index)))
+        return tuple(da.Array(HighLevelGraph.from_collections(name, {}, dependencies=done), name, lead.chunks,
+                              dtype=p.dtype) for name, done, p in zip(names, picks, probe))
 
     def materialize(self, arrays: list) -> list:
         """Persist ``arrays`` on the workers in one graph (shared work computed once), wait for

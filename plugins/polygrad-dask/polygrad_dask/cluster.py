@@ -133,33 +133,17 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
     # dashboard, the workers' statistical profiler is off: it samples every thread's stack 100 times
     # a second (for the dashboard's profile page and ``Client.profile``), which cost ~15% of the
     # workers' CPU per GCN epoch at 100k nodes on 2 shared cores (0.71-0.95 s against 0.85-1.08 s)
-    with dask.config.set({**NO_SPILL_NO_PAUSE, "distributed.scheduler.work-stealing": False,
-                          "distributed.worker.profile.enabled": dashboard_address is not None}):
+    # The workers' settings also go to each nanny as its own config (dotted keys, applied last in the
+    # worker process): a nanny keeps a *shallow* copy of dask's config, whose nested dicts the end of
+    # ``dask.config.set`` restores in place, so a worker the nanny (re)starts later -- after a kill,
+    # or late on a loaded machine -- would otherwise profile, spill and pause with dask's defaults.
+    worker_config = {**NO_SPILL_NO_PAUSE, "distributed.worker.profile.enabled": dashboard_address is not None}
+    with dask.config.set({**worker_config, "distributed.scheduler.work-stealing": False}):
         cluster = LocalCluster(n_workers=workers or 2, threads_per_worker=threads_per_worker, processes=True,
                                host=host, dashboard_address=dashboard_address,
-                               scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit)
-    client = Client(cluster, set_as_default=True)
-    if dashboard_address is None:
-        # a worker its nanny restarts (after a crash or a kill) starts its profiler again: the
-        # scheduler hands this plugin to every worker that joins, restarted ones included
-        client.register_plugin(_no_statistical_profiler())
-    return client
-
-
-def _no_statistical_profiler() -> Any:
-    """A WorkerPlugin that stops the worker's statistical profiler (its periodic stack sampling)."""
-    from distributed.diagnostics.plugin import WorkerPlugin
-
-    class NoStatisticalProfiler(WorkerPlugin):
-        name = "polygrad-no-statistical-profiler"
-
-        def setup(self, worker: Any) -> None:
-            for key in ("profile", "profile-cycle"):
-                callback = worker.periodic_callbacks.pop(key, None)
-                if callback is not None:
-                    callback.stop()
-
-    return NoStatisticalProfiler()
+                               scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit,
+                               config=worker_config)
+    return Client(cluster, set_as_default=True)
 
 
 def _http_on(host: str, dashboard_address: str | None) -> dict:

@@ -30,6 +30,9 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import funcname
 from scipy.sparse import _sparsetools
 
 from polygrad.ir.errors import ShapeError
@@ -150,28 +153,17 @@ def _spmm_tiles(block: RowBlock, values: np.ndarray, tiles: tuple, start: np.nda
     return out
 
 
-def _spmm_t_halo(block: RowBlock, values: np.ndarray, g: np.ndarray, own: int | None) -> tuple:
-    """``A_ij.T @ G_i`` for every column block ``j`` but ``own`` (rows: its operand piece, whole or
-    halo), each from zero; ``None`` for ``own`` (added on its worker by :func:`_assemble`)."""
+def _spmm_t_part(block: RowBlock, values: np.ndarray, g: np.ndarray, j: int) -> np.ndarray:
+    """``A_ij.T @ G_i`` from zero (rows: column block ``j``'s operand piece, whole or halo), on row
+    block ``i``'s worker: one task per other column block, so each partial is a task's own result
+    that travels as it is (no tuple of them to split with a task per piece)."""
     dtype = np.result_type(values.dtype, g.dtype)
-    width = sum(count for j, (_, count) in enumerate(block.segments) if j != own)
-    memcap.check(_what(block, "a transposed SpMM partial"), width * g.shape[1] * dtype.itemsize)
-    g = np.ascontiguousarray(g, dtype=dtype)
-    out: list[np.ndarray | None] = []
-    for j, (_, count) in enumerate(block.segments):
-        if j == own:
-            out.append(None)
-            continue
-        part = np.zeros((count, g.shape[1]), dtype=dtype)
-        if block.starts[j + 1] > block.starts[j]:
-            _tile_t_into(block, j, values, g, part)
-        out.append(part)
-    return tuple(out)
-
-
-def _rows_of(partials: tuple, j: int) -> np.ndarray:
-    """The transposed partial that belongs to column block ``j``."""
-    return partials[j]
+    count = block.segments[j][1]
+    memcap.check(_what(block, "a transposed SpMM partial"), count * g.shape[1] * dtype.itemsize)
+    part = np.zeros((count, g.shape[1]), dtype=dtype)
+    if block.starts[j + 1] > block.starts[j]:
+        _tile_t_into(block, j, values, np.ascontiguousarray(g, dtype=dtype), part)
+    return part
 
 
 #: an :func:`_assemble` piece computed in place: the own tile of the row block on the same worker
@@ -281,9 +273,22 @@ def _blocks(x: da.Array, chunk_rows: tuple) -> list:
     return [next(it) if r else np.zeros((0,) + rest, dtype=x.dtype) for r in chunk_rows]
 
 
-def _stack(blocks: list, shapes: list, dtype: Any) -> da.Array:
-    arrays = [da.from_delayed(b, s, dtype=dtype) for b, s in zip(blocks, shapes)]
-    return arrays[0] if len(arrays) == 1 else da.concatenate(arrays, axis=0)
+def _stack(calls: list, shapes: list, dtype: Any) -> da.Array:
+    """The dask array whose row block ``i`` is the result of ``calls[i]`` -- ``(fn, args)``, run
+    on row block ``i``'s worker -- stacked along rows.  Each call's task is keyed as the array's
+    chunk ``(name, i, 0...)`` itself: no ``from_delayed`` alias per block, no ``concatenate``
+    alias per chunk (two scheduler round trips per block that computed nothing).  The name is a
+    token of every call (functions and arguments: keys of delayed inputs and futures), as the
+    pure delayed calls' keys were, so equal products share keys."""
+    name = f"{funcname(calls[0][0])}-{tokenize([(fn, args) for fn, args in calls])}"
+    tail = (0,) * (len(shapes[0]) - 1)
+    done = []
+    for i, (fn, args) in enumerate(calls):
+        with cluster.pinned(i):
+            done.append(_d(fn)(*args, dask_key_name=(name, i) + tail))
+    graph = HighLevelGraph.from_collections(name, {}, dependencies=done)
+    chunks = (tuple(shape[0] for shape in shapes),) + tuple((n,) for n in shapes[0][1:])
+    return da.Array(graph, name, chunks, dtype=dtype)
 
 
 def _as_2d(x: da.Array) -> da.Array:
@@ -313,18 +318,18 @@ def spmm_partition(part: Partition, values: da.Array, x: da.Array) -> da.Array:
     f = x.shape[1]
     vb = _blocks(values, part.nnz_chunks)
     xb = _blocks(x, part.col_chunks)
-    out = []
+    out: list[tuple] = []  # per output block: (function, arguments)
     for i, block in enumerate(part.blocks):
         parts = _operand_parts(part, i, xb, x)
         own = own_block(part, i)
         fetched = [j for j, (_, count) in enumerate(part.segments[i]) if count and j != own]
+        if own is None or not part.segments[i][own][1] or not fetched:
+            out.append((_spmm_block, (block, vb[i], *parts)))
+            continue
         with cluster.pinned(i):
-            if own is None or not part.segments[i][own][1] or not fetched:
-                out.append(_d(_spmm_block)(block, vb[i], *parts))
-                continue
             # the own tile first (its operand is here), overlapping the halo's transfer; then the rest
             first = _d(_spmm_tiles)(block, vb[i], (own,), None, parts[own])
-            out.append(_d(_spmm_tiles)(block, vb[i], tuple(fetched), first, *(parts[j] for j in fetched)))
+        out.append((_spmm_tiles, (block, vb[i], tuple(fetched), first, *(parts[j] for j in fetched))))
     return _stack(out, [(r, f) for r in part.row_chunks], dtype)
 
 
@@ -337,18 +342,12 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
     f = g.shape[1]
     vb = _blocks(values, part.nnz_chunks)
     gb = _blocks(g, part.row_chunks)
-    partials: dict = {}
-    for i, block in enumerate(part.blocks):
-        own = own_block(part, i)
-        if any(count for j, (_, count) in enumerate(part.segments[i]) if j != own):
-            with cluster.pinned(i):
-                partials[i] = _d(_spmm_t_halo)(block, vb[i], gb[i], own)
-    out = []
+    out: list[tuple] = []  # per output block: (function, arguments)
     for j, cols in enumerate(part.col_chunks):
         ids: list = []
         pieces: list = []
         mine = None
-        for i in range(len(part.blocks)):
+        for i, block in enumerate(part.blocks):
             _, count = part.segments[i][j]
             if not count:
                 continue
@@ -356,15 +355,19 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
                 mine = i
                 continue
             with cluster.pinned(i):
-                pieces.append(_d(_rows_of)(partials[i], j))
+                pieces.append(_d(_spmm_t_part)(block, vb[i], gb[i], j))
             ids.append(part.needs.get((i, j)))
+        if mine is None:
+            out.append((_assemble, ((cols, f), dtype, tuple(ids), *pieces)))
+            continue
+        own_term = ((cols, f), dtype, ((OWN, j),), part.blocks[mine], vb[mine], gb[mine])
+        if not pieces:
+            out.append((_assemble, own_term))
+            continue
         with cluster.pinned(j):
-            if mine is None:
-                out.append(_d(_assemble)((cols, f), dtype, tuple(ids), *pieces))
-                continue
             # the own tile first (everything it reads is here), overlapping the partials' transfer
-            first = _d(_assemble)((cols, f), dtype, ((OWN, j),), part.blocks[mine], vb[mine], gb[mine])
-            out.append(_d(_add_partials)(first, tuple(ids), *pieces) if pieces else first)
+            first = _d(_assemble)(*own_term)
+        out.append((_add_partials, (first, tuple(ids), *pieces)))
     return _stack(out, [(c, f) for c in part.col_chunks], dtype)
 
 
@@ -372,20 +375,18 @@ def sddmm_partition(part: Partition, p: da.Array, q: da.Array) -> da.Array:
     dtype = np.result_type(p.dtype, q.dtype)
     pb = _blocks(p, part.row_chunks)
     qb = _blocks(q, part.col_chunks)
-    out = []
+    out: list[tuple] = []  # per output block: (function, arguments)
     for i, block in enumerate(part.blocks):
         parts = _operand_parts(part, i, qb, q)
-        with cluster.pinned(i):
-            out.append(_d(_sddmm_block)(block, pb[i], *parts))
+        out.append((_sddmm_block, (block, pb[i], *parts)))
     return _stack(out, [(k,) for k in part.nnz_chunks], dtype)
 
 
 def segment_partition(part: Partition, values: da.Array, reduce_sum: bool) -> da.Array:
     vb = _blocks(values, part.nnz_chunks)
-    out = []
+    out: list[tuple] = []  # per output block: (function, arguments)
     for i, block in enumerate(part.blocks):
-        with cluster.pinned(i):
-            out.append(_d(_segment)(block, vb[i], reduce_sum))
+        out.append((_segment, (block, vb[i], reduce_sum)))
     return _stack(out, [(r,) for r in part.row_chunks], values.dtype)
 
 

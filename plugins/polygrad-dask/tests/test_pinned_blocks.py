@@ -77,14 +77,14 @@ def test_block_kernels_equal_the_plain_products(case):
         assert block.segments[j][1] == (col_bounds[j + 1] - col_bounds[j] if need is None else touched.size)
     parts = _parts(block, x, col_bounds)
     np.testing.assert_allclose(sparse_kernels._spmm_block(block, a.data, *parts), a @ x, rtol=1e-12, atol=1e-12)
-    partial = sparse_kernels._spmm_t_halo(block, a.data, g, own)
     want = a.T @ g
     for j in range(len(block.segments)):
         shape = (col_bounds[j + 1] - col_bounds[j], g.shape[1])
         if j == own:  # the own tile goes straight into the result, on its worker
             got = sparse_kernels._assemble(shape, np.float64, ((sparse_kernels.OWN, j),), block, a.data, g)
         else:
-            got = sparse_kernels._assemble(shape, np.float64, (block.need[j],), sparse_kernels._rows_of(partial, j))
+            got = sparse_kernels._assemble(shape, np.float64, (block.need[j],),
+                                           sparse_kernels._spmm_t_part(block, a.data, g, j))
         np.testing.assert_allclose(got, want[col_bounds[j]:col_bounds[j + 1]], rtol=1e-12, atol=1e-12)
     p = np.random.default_rng(0).normal(size=(a.shape[0], x.shape[1]))
     rows = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
@@ -498,3 +498,37 @@ def test_nonfinite_first_loss_on_dask_raises_with_nothing_stepped(client):
     for a, b in zip(params, after[0]):
         np.testing.assert_array_equal(a, b)
     assert state == [] and steps == 0
+
+
+def test_block_products_are_their_tasks_with_no_alias_in_between(client):
+    """Each output block of an SpMM, its transpose, an SDDMM and a segment sum is the result of
+    the kernel task itself, keyed as the array's chunk: no ``from_delayed`` alias per block,
+    ``concatenate`` alias per chunk or task splitting a tuple of partials (round trips to the
+    scheduler that compute nothing); the products still equal scipy's."""
+    import dask.array as da
+    from dask.core import flatten
+
+    n, f = 512, 3
+    ei = _block_diagonal(n, 40, seed=5, degree=4)
+    a = pg.from_edge_index(ei, n, dtype=np.float64, backend="dask")
+    x = np.random.default_rng(2).normal(size=(n, f))
+    (a @ pg.tensor(x, backend="dask")).numpy()  # builds the partition on the workers
+    part = polygrad_dask.partition.partition_of(a.pattern)
+    m = sp.csr_matrix((np.ones(ei.shape[1]), (ei[0], ei[1])), shape=(n, n))
+    m.sum_duplicates()
+    values = da.from_array(np.linspace(0.5, 1.5, m.nnz), chunks=(part.nnz_chunks,))
+    csr = sp.csr_matrix((values.compute(), m.indices, m.indptr), shape=(n, n))
+    xd = da.from_array(x, chunks=(part.row_chunks, (f,)))
+    sk = polygrad_dask.sparse_kernels
+    results = {"_spmm": (sk.spmm_partition(part, values, xd), csr @ x),
+               "_assemble": (sk.spmm_t_partition(part, values, xd), csr.T @ x),
+               "_sddmm_block": (sk.sddmm_partition(part, xd, xd), None),
+               "_segment": (sk.segment_partition(part, values, True), np.asarray(csr.sum(axis=1)).ravel())}
+    for kind, (got, want) in results.items():
+        graph = dict(got.__dask_graph__())
+        assert not [k for k in graph if str(k[0] if isinstance(k, tuple) else k).startswith(
+            ("from-value", "concatenate", "_rows_of", "getitem"))], kind
+        assert all(str(k[0]).startswith(kind) or k[0].startswith("_add_partials")
+                   for k in flatten(got.__dask_keys__())), (kind, got.__dask_keys__())
+        if want is not None:
+            np.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-12)
