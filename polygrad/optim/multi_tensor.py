@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Together", "member_args", "rule_key", "run_together", "together"]
+__all__ = ["Apart", "Together", "member_args", "rule_key", "run_together", "together"]
 
 
 def rule_key(rule: Any, x: np.ndarray, g: Any, state: dict) -> tuple | None:
@@ -83,12 +83,52 @@ class Together:
     def __call__(self, *args: Any, **attrs: Any) -> tuple | None:
         k, width = len(self.shapes), 2 + self.reads
         end = k * width
+        numbers = args[end:]
+        if len(numbers) == 1 and type(numbers[0]) is Apart:
+            return self._apart(args[:end], numbers[0].numbers, attrs)
         # column j is every member's j-th array: a strided slice of the arguments
         columns = [args[j:end:width] for j in range(width)]
-        views = _concatenated(self.fn, columns, args[end:], attrs, self.writes, self.pieces)
+        views = _concatenated(self.fn, columns, numbers, attrs, self.writes, self.pieces)
         if views is None:
             return None
         return tuple([a for member in zip(*views) for a in member])
+
+    def _apart(self, arrays: tuple, numbers: list, attrs: dict) -> tuple | None:
+        """The members updated as eager updates them once their numbers differ: those with equal
+        numbers as one concatenation (in eager's order), a member whose numbers no other shares
+        alone, through ``fn`` itself (:meth:`Optimizer._apply_rule`'s call); results in the
+        members' order, as the concatenated call returns them."""
+        width = 2 + self.reads
+        batches: dict = {}
+        for m, nums in enumerate(numbers):  # NaN numbers are distinct objects: a batch each, as eager's keys
+            batches.setdefault(nums, []).append(m)
+        results: list = [None] * len(numbers)
+        for nums, members in batches.items():
+            views = None
+            if len(members) > 1:
+                columns = [[arrays[m * width + j] for m in members] for j in range(width)]
+                views = _concatenated(self.fn, columns, nums, attrs, self.writes,
+                                      _pieces(tuple(self.shapes[m] for m in members)))
+            if views is not None:
+                for m, member in zip(members, zip(*views)):
+                    results[m] = member
+                continue
+            for m in members:
+                out = self.fn(*arrays[m * width:(m + 1) * width], *nums, **attrs)
+                if len(out) != 1 + self.writes:
+                    return None
+                results[m] = out
+        return tuple([a for member in results for a in member])
+
+
+class Apart:
+    """The numbers of a :class:`Together`'s members once they differ (one tuple per member): the
+    call then updates them as eager does, apart (:meth:`Together._apart`)."""
+
+    __slots__ = ("numbers",)
+
+    def __init__(self, numbers: list):
+        self.numbers = numbers
 
 
 def together(rule: Any, shapes: Sequence[tuple]) -> Together:

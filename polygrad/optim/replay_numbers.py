@@ -11,7 +11,7 @@ from typing import Any
 
 from polygrad.compile import StaleCapture
 
-from .multi_tensor import rule_key
+from .multi_tensor import Apart, rule_key
 
 __all__ = ["GroupingCheck", "Numbers", "TogetherNumbers"]
 
@@ -105,8 +105,10 @@ def _rules_now(parts: list[Numbers]) -> list:
 
 class TogetherNumbers:
     """A replay's numbers for a recorded update of several parameters as one concatenation: each
-    member's (:class:`Numbers`), which must still be equal -- eager groups only parameters whose
-    rules have the same numbers, so a replay that would not is a fault, and the call runs eagerly."""
+    member's (:class:`Numbers`).  Eager groups only parameters whose rules have the same numbers:
+    where they differ now, the numbers come as :class:`~polygrad.optim.multi_tensor.Apart`, and
+    the call updates the members as eager then does (those still equal together, the others
+    alone)."""
 
     __slots__ = ("parts", "dtypes", "reads")
 
@@ -124,13 +126,15 @@ class TogetherNumbers:
     def __call__(self) -> tuple:
         rules = _rules_now(self.parts)
         first = rules[0].numbers
-        for rule in rules[1:]:
-            if rule.numbers != first:
-                raise StaleCapture(f"{type(self.parts[0].opt).__name__}: parameters updated together when "
-                                   "captured have different update numbers now (eager updates them apart)")
         if self._state_dtypes() != self.dtypes:  # a state array set to another dtype would promote them all
             raise StaleCapture(f"{type(self.parts[0].opt).__name__}: a parameter's optimizer state "
                                "changed dtype since the step was captured")
+        for rule in rules[1:]:
+            if rule.numbers != first:
+                # eager now updates them apart (its keys differ): the call runs them so (Apart),
+                # rather than faulting -- a fault after a scheduler's step in the step could not
+                # run the call eagerly and stopped the training
+                return (Apart([r.numbers for r in rules]),)
         return first
 
 

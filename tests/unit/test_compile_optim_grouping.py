@@ -268,10 +268,11 @@ def _nan_laden(shape: tuple, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("hyper", ["lr", "weight_decay"])
-def test_a_nan_hyper_parameter_faults_and_keeps_eagers_bits(hyper: str) -> None:
+def test_a_nan_hyper_parameter_keeps_eagers_bits(hyper: str) -> None:
     """Eager computes a rule per parameter, so NaN numbers (an lr set to nan) differ between
     parameters (NaN != NaN) and eager updates each alone; the replay's one rule per group made
-    them compare equal and kept the captured concatenation (other NaN bits)."""
+    them compare equal and kept the captured concatenation (other NaN bits).  Now the replay
+    updates them apart, as eager."""
     def run(compiled: bool):
         ps = [pg.tensor(_nan_laden(s, 20 + i), requires_grad=True) for i, s in enumerate([(16,), (9,), (4,)])]
         opt = optim.Adam(ps, lr=0.01, weight_decay=0.1)
@@ -295,7 +296,7 @@ def test_a_nan_hyper_parameter_faults_and_keeps_eagers_bits(hyper: str) -> None:
 
     eager, compiled = run(False), run(True)
     assert compiled[0] == eager[0] and compiled[1] == eager[1]
-    assert compiled[2]["dropped"] >= 1  # the replay faulted at the NaN numbers rather than replaying on
+    assert compiled[2]["replays"] >= 4  # replayed on, each member apart (multi_tensor.Apart)
 
 
 def test_a_scheduler_stepped_before_the_optimizer_does_not_stop_training_when_rates_meet() -> None:
@@ -358,3 +359,41 @@ def test_a_host_callback_that_draws_keeps_the_random_stream_across_a_fault() -> 
         return pg.rng().bit_generator.state["state"]["state"], [p.numpy().tobytes() for p in (b, c)]
 
     assert run(True) == run(False)
+
+
+@pytest.mark.parametrize("cls, kwargs", [(optim.Adam, {}), (optim.SGD, {"momentum": 0.9}), (optim.SGD, {})])
+@pytest.mark.parametrize("scheduler_first", [False, True])
+def test_a_concatenation_whose_numbers_part_runs_its_members_as_eager_groups_them(
+        cls: type, kwargs: dict, scheduler_first: bool) -> None:
+    """Three groups captured with equal rates (one concatenation); then the third's rate parts
+    (a LambdaLR stepped inside the step, before or after the optimizer): eager updates the first
+    two together and the third alone, and so does the replay (multi_tensor.Apart), with eager's
+    NaN bits, and without stopping the training where the scheduler ran first."""
+    from polygrad.optim.lr_scheduler import LambdaLR
+
+    def run(compiled: bool):
+        params = [pg.tensor(_nan_laden(s, 40 + i), requires_grad=True) for i, s in enumerate([(9,), (16,), (5,)])]
+        opt = cls([{"params": [p], "lr": 0.01} for p in params], **kwargs)
+        sched = LambdaLR(opt, [lambda e: 1.0, lambda e: 1.0, lambda e: 1.0 if e < 4 else 0.5])
+        inner = sum_of_products_step(opt, params)
+
+        def step(*xs):
+            if scheduler_first:
+                sched.step()
+            loss = inner(*xs)
+            if not scheduler_first:
+                sched.step()
+            return loss
+
+        f = pg.compile(step, pure=True) if compiled else step
+        seen = []
+        with np.errstate(all="ignore"):
+            for k in range(8):
+                xs = [pg.tensor(_nan_laden(p.shape, 200 + 5 * k + i)) for i, p in enumerate(params)]
+                seen.append(_bits(f(*xs)))
+                seen += _params_and_state(opt, params)
+        return seen, f
+
+    (want, _), (got, f) = run(False), run(True)
+    assert len(want) == len(got) and all(np.array_equal(u, v) for u, v in zip(want, got))
+    assert f.stats["replays"] >= 4, f.stats

@@ -146,10 +146,10 @@ def test_a_parameter_updated_in_blocks_keeps_eager_nan_bits(two_threads: Any, cl
         assert np.array_equal(u, v), (u, v)
 
 
-def test_members_whose_numbers_part_run_that_call_eagerly() -> None:
+def test_members_whose_numbers_part_are_updated_apart_as_eager_does() -> None:
     """Two groups' parameters share a rule, so eager and the capture update them as one
     concatenation; once one group's learning rate is set apart between calls, eager updates them
-    apart, so the replay must not run the concatenated call: it faults, and the call runs eagerly."""
+    apart, and so does the replay (it does not run the concatenated call)."""
     def run(compiled: bool) -> tuple:
         w = pg.tensor(np.linspace(-1, 1, 20).astype(np.float32), requires_grad=True)
         b = pg.tensor(np.array([0.5, -0.5, 1.0], np.float32), requires_grad=True)
@@ -175,7 +175,8 @@ def test_members_whose_numbers_part_run_that_call_eagerly() -> None:
     (want, _), (got, f) = run(False), run(True)
     for u, v in zip(want, got):
         assert np.array_equal(u, v)
-    assert f.stats["dropped"] >= 1 and f.stats["replays"] >= 1, f.stats
+    # the replay runs the members apart as eager does (multi_tensor.Apart): no fault needed
+    assert f.stats["dropped"] == 0 and f.stats["replays"] >= 3, f.stats
 
 
 def _state_set_to_float64(compiled: bool) -> list:
