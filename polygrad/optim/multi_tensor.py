@@ -99,11 +99,14 @@ class Together:
         alone, through ``fn`` itself (:meth:`Optimizer._apply_rule`'s call); results in the
         members' order, as the concatenated call returns them."""
         width = 2 + self.reads
-        batches: dict = {}
+        batches: dict = {}  # key -> (numbers, members)
         for m, nums in enumerate(numbers):  # NaN numbers are distinct objects: a batch each, as eager's keys
-            batches.setdefault(nums, []).append(m)
+            try:
+                batches.setdefault(nums, (nums, []))[1].append(m)
+            except TypeError:  # an unhashable number (an array set as lr): eager's rule_key updates it alone
+                batches[object()] = (nums, [m])
         results: list = [None] * len(numbers)
-        for nums, members in batches.items():
+        for nums, members in batches.values():
             views = None
             if len(members) > 1:
                 columns = [[arrays[m * width + j] for m in members] for j in range(width)]
