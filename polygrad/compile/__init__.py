@@ -42,7 +42,11 @@ can detect breaking that promise it refuses (the step then runs eagerly, with on
 * at the replay's optimizer step: an update rule that changed shape (momentum turned on), and a
   change in which parameters eager updates as one concatenation (two groups' learning rates
   become equal, e.g. ``ReduceLROnPlateau`` at ``min_lr``; NaN bits depend on it) -- the call runs
-  eagerly and is re-captured.
+  eagerly and is re-captured.  Parameters captured as one concatenation whose numbers part are
+  updated as eager then updates them, without a fault.  One case is not checked: where a host
+  call that cannot be repeated (a scheduler stepped inside the step) runs before the optimizer's
+  step, rates becoming equal keep the captured separate updates -- eager's finite values, but NaN
+  payload and sign bits may differ from eager's.
 
 What pure mode cannot see stays the author's contract: attributes of objects reached through
 ``self`` or closures (``self.coef = 2.0``), Python values computed from state it does not guard.
