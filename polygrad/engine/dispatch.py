@@ -48,6 +48,16 @@ _inference_memo: ContextVar[Any] = ContextVar("polygrad_inference_memo", default
 #: (polygrad.compile.forward_plan)
 _forward: ContextVar[Any] = ContextVar("polygrad_forward_plan", default=None)
 _events = registry.events
+
+
+def guard_host_array(arr: Any) -> None:
+    """Under a ``pg.compile`` capture, guard a numpy array the step hands an op on the host (data,
+    an index, classes, a mask, weights) by content: the caller's own array, which they may edit in
+    place between calls (guard it, not a copy made from it: a copy never changes)."""
+    if isinstance(arr, np.ndarray):
+        rec = _recording.get()
+        if rec is not None:
+            rec.host_array(arr)
 _tables = registry.tables
 EMPTY: dict = {}
 

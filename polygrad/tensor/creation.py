@@ -69,8 +69,7 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, backend: A
     be = resolve(backend if backend is not None else (data._be if isinstance(data, Tensor) else None))
     if backend is None and not isinstance(data, (Tensor, np.ndarray, np.generic, list, tuple, Number)):
         be = owner_of(data) or be  # a backend's own array (a torch tensor, a cupy array) stays on it
-    if isinstance(data, np.ndarray) and dispatch._recording.get() is not None:
-        dispatch._recording.get().host_array(data)  # pg.compile guards numpy data by content
+    dispatch.guard_host_array(data)
     if isinstance(data, Tensor):
         array = data.numpy()
     elif be.owns(data):

@@ -29,8 +29,8 @@ def _normalize_index(index: Any, shape: tuple) -> tuple:
     for pos, item in enumerate(index):
         if isinstance(item, Tensor):
             item = item.numpy()
-        elif isinstance(item, np.ndarray) and dispatch._recording.get() is not None:
-            dispatch._recording.get().host_array(item)  # pg.compile guards a numpy index by content
+        else:
+            dispatch.guard_host_array(item)
         if isinstance(item, list):
             try:
                 item = np.asarray(item)

@@ -30,16 +30,6 @@ from .indexing import index_add
 from .sparse_routing import is_sparse
 
 
-def _guard_host(arr: Any) -> None:
-    """Under a ``pg.compile`` capture, guard a numpy array the loss reads on the host (classes, a
-    mask, class weights) by content: the caller's own array, which they may edit in place between
-    calls (a copy made here never changes, so guarding it would freeze the capture's values)."""
-    if isinstance(arr, np.ndarray):
-        rec = dispatch._recording.get()
-        if rec is not None:
-            rec.host_array(arr)
-
-
 def _target_indices(target, name: str = "cross_entropy") -> np.ndarray:
     try:
         arr = target.numpy() if isinstance(target, Tensor) else np.asarray(target)
@@ -47,7 +37,7 @@ def _target_indices(target, name: str = "cross_entropy") -> np.ndarray:
         raise ShapeError(f"{name}: class targets must be an integer array: {exc}") from None
     if arr.dtype.kind not in "iu":
         raise DTypeError(f"{name}: class targets must be integers, got {arr.dtype}")
-    _guard_host(arr)
+    dispatch.guard_host_array(arr)
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:  # would wrap negative
         raise IndexOutOfRangeError(f"{name}: target class {int(arr.max())} out of range (uint64 past int64)")
     return arr.astype(np.int64)
@@ -105,7 +95,7 @@ def _class_weight(name: str, weight: Any, input: Tensor) -> np.ndarray | None:
             arr = np.asarray(weight)
         except (ValueError, TypeError) as exc:
             raise ShapeError(f"{name}: weight must be a 1-D array of one float per class: {exc}") from None
-    _guard_host(arr)
+    dispatch.guard_host_array(arr)
     c = input.shape[1]
     if arr.dtype.kind != "f":
         hint = (" (a row mask is passed as mask=..., keyword only: the third positional argument is PyTorch's "
@@ -313,7 +303,7 @@ def _mask_rows(mask, n: int) -> np.ndarray:
         arr = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
     except (ValueError, TypeError) as exc:  # ragged nested lists
         raise ShapeError(f"mask must be a bool mask [{n}] or integer row indices: {exc}") from None
-    _guard_host(arr)
+    dispatch.guard_host_array(arr)
     if arr.dtype == bool:
         if arr.shape != (n,):
             raise ShapeError(f"mask of shape {arr.shape} does not match {n} rows")
