@@ -1,10 +1,11 @@
 """What a ``pg.compile(pure=True)`` replay of an optimizer's recorded updates computes again on every
 call, from the hyper-parameters and state it then finds: each update's numbers (learning rate,
-bias corrections), and the checks that the capture's assumptions still hold -- the same rule
-(:class:`Numbers`), equal numbers for parameters updated as one concatenation
-(:class:`TogetherNumbers`) and eager's grouping of the step's small parameters
-(:class:`GroupingCheck`).  A failed check raises :class:`~polygrad.compile.StaleCapture`: the
-replay is a fault, the call runs eagerly and the step is captured again."""
+bias corrections; for a concatenation's members, :class:`TogetherNumbers`, which has them updated
+apart once they differ), and the checks that the capture's assumptions still hold -- the same
+rule (:class:`Numbers`), the same state dtypes, and eager's grouping of the step's small
+parameters (:class:`GroupingCheck`).  A failed check raises
+:class:`~polygrad.compile.StaleCapture`: the replay is a fault, the call runs eagerly and the
+step is captured again."""
 from __future__ import annotations
 
 from typing import Any
