@@ -82,7 +82,14 @@ def reduce_sum(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
 
 
 def reduce_max(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
-    return x.max(axis=axes, keepdims=keepdims) if axes else x
+    if not axes:
+        return x
+    if x.size == 0 and all(x.shape[a] for a in axes):
+        # an empty result (the max of each of no rows): dask's chunk function turns an empty block
+        # into a (1, 0) one that its aggregate cannot reduce; numpy gives the empty array
+        shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape) if keepdims or i not in axes)
+        return da.zeros(shape, dtype=x.dtype, chunks=chunks.chunks_for(shape))
+    return x.max(axis=axes, keepdims=keepdims)
 
 
 def reshape(x: da.Array, *, shape: tuple) -> da.Array:

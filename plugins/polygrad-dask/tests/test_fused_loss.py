@@ -202,3 +202,16 @@ def test_gcn_training_with_the_fused_loss_gives_the_same_parameters():
     with composite_cross_entropy():
         composite = _train_gcn(3)
     assert fused == composite
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_row_max_of_no_rows_is_empty(keepdims):
+    """The max of each of no rows (the loss's shift on no logits, the rule's recomputation): numpy's
+    empty result; dask's own max turned the empty block into one its aggregate could not reduce."""
+    from polygrad_dask import dense_kernels
+
+    x = np.zeros((0, 3), dtype=np.float32)
+    got = dense_kernels.reduce_max(pg.tensor(x, backend="dask")._data, axes=(1,), keepdims=keepdims)
+    want = np.max(x, axis=1, keepdims=keepdims)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert got.compute(scheduler="sync").shape == want.shape
