@@ -215,3 +215,19 @@ def test_row_max_of_no_rows_is_empty(keepdims):
     want = np.max(x, axis=1, keepdims=keepdims)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert got.compute(scheduler="sync").shape == want.shape
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_rows_sum_pairwise_as_the_composite(dtype):
+    """3,001 rows in 3 blocks: the loss's sum runs numpy's pairwise blocks (128 and up) over the
+    whole vector as the composite's one vindex chunk does; the bench's shape (8 classes)."""
+    polygrad_dask.chunks.set_partitions(3)
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3001, 8)) * 30).astype(dtype)
+    target = rng.integers(0, 8, 3001)
+    for reduction in ("mean", "sum"):
+        fused = _loss_and_grad(x, target, reduction, 1.0)
+        with composite_cross_entropy():
+            composite = _loss_and_grad(x, target, reduction, 1.0)
+        assert fused == composite
