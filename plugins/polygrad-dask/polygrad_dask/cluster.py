@@ -110,7 +110,9 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
 
     A new cluster listens on ``host`` (loopback by default) and has no dashboard unless
     ``dashboard_address`` is given (e.g. ``"127.0.0.1:8787"``); its workers run dask's statistical
-    profiler only then (the profile the dashboard shows)."""
+    profiler only then (the profile the dashboard shows).  Its control messages are not held back
+    for dask's 2-10 ms batching (:mod:`polygrad_dask.streams`; ``POLYGRAD_DASK_STREAM_INTERVAL_MS``).
+    A scheduler joined by address keeps all of its own settings."""
     # distributed is imported on use: loading polygrad's plugins must stay fast for everyone
     from distributed import Client, LocalCluster
 
@@ -126,6 +128,9 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
     import dask
 
     from .memcap import NO_SPILL_NO_PAUSE
+    from .streams import interval_s
+
+    prompt = interval_s()  # a bad POLYGRAD_DASK_STREAM_INTERVAL_MS is refused before anything starts
 
     # a worker near its memory_limit fails its step (memcap) instead of spilling the working set
     # to disk or pausing (a hang); row blocks stay on their workers (``placed`` asks for them
@@ -143,7 +148,16 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
                                host=host, dashboard_address=dashboard_address,
                                scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit,
                                config=worker_config)
-    return Client(cluster, set_as_default=True)
+    return _started(Client(cluster, set_as_default=True), prompt)
+
+
+def _started(client: Any, seconds: float | None) -> Any:
+    """``client`` on a cluster polygrad started, with its control messages sent promptly
+    (:mod:`polygrad_dask.streams`); a cluster joined by address keeps its own settings."""
+    from .streams import make_prompt
+
+    make_prompt(client, seconds)
+    return client
 
 
 def _http_on(host: str, dashboard_address: str | None) -> dict:
@@ -166,10 +180,13 @@ def client() -> Any:
     except ValueError:
         pass
     if _own is None or _own.status != "running":
-        _own = Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
-                                   scheduler_kwargs=_http_on(LOOPBACK, None),
-                                   worker_dashboard_address=f"{LOOPBACK}:0"),
-                      set_as_default=True)
+        from .streams import interval_s
+
+        prompt = interval_s()
+        _own = _started(Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                            dashboard_address=None, scheduler_kwargs=_http_on(LOOPBACK, None),
+                                            worker_dashboard_address=f"{LOOPBACK}:0"),
+                               set_as_default=True), prompt)
         atexit.register(close, _own)  # a quiet shutdown instead of "lost computed tasks" warnings
     return _own
 
