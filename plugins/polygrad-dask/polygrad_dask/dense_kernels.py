@@ -28,13 +28,48 @@ def cast(x: da.Array, *, dtype: Any) -> da.Array:
     return x.astype(dtype)
 
 
+def _sum_block(block: np.ndarray, axes: tuple, keepdims: bool, dtype: Any) -> np.ndarray:
+    return np.sum(block, axis=axes, keepdims=keepdims, dtype=dtype)
+
+
+def _max_block(block: np.ndarray, axes: tuple, keepdims: bool, dtype: Any) -> np.ndarray:
+    return np.max(block, axis=axes, keepdims=keepdims)
+
+
+def _within_blocks(x: da.Array, reduce_block: Any, axes: tuple, keepdims: bool, dtype: Any) -> da.Array | None:
+    """A reduction over ``axes`` as ONE task per block (``reduce_block``: :func:`_sum_block` or
+    :func:`_max_block`) when no reduced axis is split into chunks -- a row-wise sum or max of a
+    row-blocked array, as in a softmax or a loss -- else None.
+
+    dask's reduction makes two tasks per block even then: the block's reduction with
+    ``keepdims``, then an "aggregate" that reduces the one partial again (an identity: a reduction
+    over a length-1 axis returns its element as it is, NaN payloads and -0.0 included), a scheduler
+    round trip on the step's critical path.  The same numpy call on the same block gives the same
+    bits (``tests/test_row_reductions.py``)."""
+    axes = tuple(sorted(a % x.ndim for a in axes))
+    if not axes or any(len(x.chunks[a]) != 1 for a in axes):
+        return None
+    if keepdims:
+        kept = tuple((1,) if d in axes else c for d, c in enumerate(x.chunks))
+        return x.map_blocks(reduce_block, axes, keepdims, dtype, chunks=kept, dtype=dtype)
+    left = tuple(c for d, c in enumerate(x.chunks) if d not in axes)
+    return x.map_blocks(reduce_block, axes, keepdims, dtype, chunks=left, drop_axis=axes, dtype=dtype)
+
+
 def reduce_sum(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
     # no axes: the identity, except bool/int, which numpy's sum promotes (as the numpy backend)
-    return x.sum(axis=axes, keepdims=keepdims) if axes or x.dtype.kind in "biu" else x
+    if not axes:
+        return x.sum(axis=axes, keepdims=keepdims) if x.dtype.kind in "biu" else x
+    dtype = np.zeros(1, dtype=x.dtype).sum().dtype  # the dtype dask's sum gives (bool/int: platform int)
+    out = _within_blocks(x, _sum_block, tuple(axes), keepdims, dtype)
+    return x.sum(axis=axes, keepdims=keepdims) if out is None else out
 
 
 def reduce_max(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
-    return x.max(axis=axes, keepdims=keepdims) if axes else x
+    if not axes:
+        return x
+    out = _within_blocks(x, _max_block, tuple(axes), keepdims, x.dtype)
+    return x.max(axis=axes, keepdims=keepdims) if out is None else out
 
 
 def reshape(x: da.Array, *, shape: tuple) -> da.Array:
