@@ -25,9 +25,10 @@ import math
 from typing import Any, Callable, Sequence, cast
 
 from ..compile import host_call
+from ..errors import ArgumentError
 from .optimizer import Optimizer
 
-__all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineAnnealingLR", "ReduceLROnPlateau"]
+__all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineAnnealingLR", "ReduceLROnPlateau", "MinLrsMismatchError"]
 
 
 def _check_optimizer(name: str, optimizer: Any) -> None:
@@ -131,6 +132,11 @@ class CosineAnnealingLR(LRScheduler):
                 for g in groups]
 
 
+class MinLrsMismatchError(ArgumentError, RuntimeError):
+    """``ReduceLROnPlateau``'s per-group ``min_lr`` list no longer has one value per parameter
+    group (a RuntimeError, as PyTorch's; an :class:`~polygrad.errors.ArgumentError` too)."""
+
+
 class ReduceLROnPlateau:
     """Multiply the rate by ``factor`` when a metric has stopped improving for ``patience`` epochs.
 
@@ -156,8 +162,10 @@ class ReduceLROnPlateau:
                 raise ValueError(f"ReduceLROnPlateau: expected {n} min_lrs (one per parameter group), "
                                  f"got {len(min_lr)}")
             self.min_lrs = [float(m) for m in min_lr]
+            self.default_min_lr: float | None = None
         else:
-            self.min_lrs = [float(cast(float, min_lr))] * n  # not a list or tuple: one number
+            self.default_min_lr = float(cast(float, min_lr))  # not a list or tuple: one number
+            self.min_lrs = [self.default_min_lr] * n
         self.optimizer = optimizer
         self.mode, self.factor, self.patience = mode, factor, patience
         self.threshold, self.threshold_mode = threshold, threshold_mode
@@ -191,6 +199,7 @@ class ReduceLROnPlateau:
             self.cooldown_counter -= 1
             self.num_bad_epochs = 0
         if self.num_bad_epochs > self.patience:
+            self._match_groups()
             for i, group in enumerate(self.optimizer.param_groups):
                 old = float(group["lr"])
                 new = max(old * self.factor, self.min_lrs[i])
@@ -199,6 +208,20 @@ class ReduceLROnPlateau:
             self.cooldown_counter = self.cooldown
             self.num_bad_epochs = 0
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def _match_groups(self) -> None:
+        """One ``min_lr`` per parameter group, as PyTorch: groups added since construction
+        (``add_param_group``) get the one number given, and a per-group list that no longer fits
+        is an error naming both counts (PyTorch's RuntimeError)."""
+        groups = len(self.optimizer.param_groups)
+        if groups == len(self.min_lrs):
+            return
+        if self.default_min_lr is None:
+            raise MinLrsMismatchError(
+                f"ReduceLROnPlateau: the optimizer has {groups} parameter groups but min_lr gave "
+                f"{len(self.min_lrs)} (one per group when the scheduler was made), usually because "
+                "add_param_group added one since; set scheduler.min_lrs to one value per group")
+        self.min_lrs = [self.default_min_lr] * groups
 
     def get_last_lr(self) -> list[float]:
         return list(self._last_lr)

@@ -142,3 +142,45 @@ def test_plateau_accepts_a_tensor_metric_and_nan_counts_as_no_improvement():
     sched.step(pg.tensor(1.0))
     sched.step(pg.tensor(math.nan))
     assert sched.get_last_lr() == [0.1 * 0.1, 0.05 * 0.1]
+
+
+def _plateau_with_added_group(sched_module, opt_module, make_param, min_lr):
+    p1, p2 = make_param(2), make_param(3)
+    opt = opt_module.SGD([p1], lr=0.1)
+    sched = sched_module.ReduceLROnPlateau(opt, factor=0.5, patience=0, min_lr=min_lr)
+    rates = []
+    for epoch in range(6):
+        if epoch == 2:
+            opt.add_param_group({"params": [p2], "lr": 0.08})
+        sched.step(1.0)
+        rates.append([g["lr"] for g in opt.param_groups])
+    return rates
+
+
+def test_plateau_after_add_param_group_gives_the_new_group_the_one_min_lr():
+    """A group added after the scheduler was made gets the single ``min_lr`` (PyTorch's
+    ``default_min_lr``): polygrad used to fail with an IndexError at the first reduction."""
+    got = _plateau_with_added_group(S, optim, lambda n: pg.zeros(n, requires_grad=True), 0.02)
+    assert got == [[0.1], [0.05], [0.025, 0.04], [0.02, 0.02], [0.02, 0.02], [0.02, 0.02]]  # torch 2.13
+    if HAVE_TORCH:
+        import torch
+        want = _plateau_with_added_group(torch.optim.lr_scheduler, torch.optim,
+                                         lambda n: torch.nn.Parameter(torch.zeros(n)), 0.02)
+        assert got == want
+
+
+def test_plateau_min_lr_list_that_no_longer_fits_the_groups_is_a_clear_error():
+    """A per-group ``min_lr`` list cannot cover a group added later: the reduction raises (a
+    RuntimeError, as PyTorch's) naming both counts; stepping without a reduction does not."""
+    p1, p2 = pg.zeros(2, requires_grad=True), pg.zeros(3, requires_grad=True)
+    opt = optim.SGD([p1], lr=0.1)
+    sched = S.ReduceLROnPlateau(opt, factor=0.5, patience=0, min_lr=[0.02])
+    opt.add_param_group({"params": [p2], "lr": 0.08})
+    sched.step(1.0)  # an improvement: nothing to reduce
+    with pytest.raises(RuntimeError, match=r"2 parameter groups but min_lr gave 1") as info:
+        sched.step(1.0)
+    assert isinstance(info.value, S.MinLrsMismatchError) and isinstance(info.value, ValueError)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.08]  # nothing changed
+    sched.min_lrs = [0.02, 0.05]  # the fix the message names
+    sched.step(1.0)
+    assert [g["lr"] for g in opt.param_groups] == [0.05, 0.05]

@@ -110,7 +110,9 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
 
     A new cluster listens on ``host`` (loopback by default) and has no dashboard unless
     ``dashboard_address`` is given (e.g. ``"127.0.0.1:8787"``); its workers run dask's statistical
-    profiler only then (the profile the dashboard shows)."""
+    profiler only then (the profile the dashboard shows).  Its control messages are not held back
+    for dask's 2-10 ms batching (:mod:`polygrad_dask.streams`; ``POLYGRAD_DASK_STREAM_INTERVAL_MS``).
+    A scheduler joined by address keeps all of its own settings."""
     # distributed is imported on use: loading polygrad's plugins must stay fast for everyone
     from distributed import Client, LocalCluster
 
@@ -126,6 +128,9 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
     import dask
 
     from .memcap import NO_SPILL_NO_PAUSE
+    from .streams import interval_s
+
+    prompt = interval_s()  # a bad POLYGRAD_DASK_STREAM_INTERVAL_MS is refused before anything starts
 
     # a worker near its memory_limit fails its step (memcap) instead of spilling the working set
     # to disk or pausing (a hang); row blocks stay on their workers (``placed`` asks for them
@@ -143,7 +148,16 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
                                host=host, dashboard_address=dashboard_address,
                                scheduler_kwargs=_http_on(host, dashboard_address), memory_limit=memory_limit,
                                config=worker_config)
-    return Client(cluster, set_as_default=True)
+    return _started(Client(cluster, set_as_default=True), prompt)
+
+
+def _started(client: Any, seconds: float | None) -> Any:
+    """``client`` on a cluster polygrad started, with its control messages sent promptly
+    (:mod:`polygrad_dask.streams`); a cluster joined by address keeps its own settings."""
+    from .streams import make_prompt
+
+    make_prompt(client, seconds)
+    return client
 
 
 def _http_on(host: str, dashboard_address: str | None) -> dict:
@@ -166,10 +180,13 @@ def client() -> Any:
     except ValueError:
         pass
     if _own is None or _own.status != "running":
-        _own = Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
-                                   scheduler_kwargs=_http_on(LOOPBACK, None),
-                                   worker_dashboard_address=f"{LOOPBACK}:0"),
-                      set_as_default=True)
+        from .streams import interval_s
+
+        prompt = interval_s()
+        _own = _started(Client(LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                                            dashboard_address=None, scheduler_kwargs=_http_on(LOOPBACK, None),
+                                            worker_dashboard_address=f"{LOOPBACK}:0"),
+                               set_as_default=True), prompt)
         atexit.register(close, _own)  # a quiet shutdown instead of "lost computed tasks" warnings
     return _own
 
@@ -230,11 +247,25 @@ def placed(client: Any, block: int) -> dict:
     return {"workers": [where[block % len(where)]], "allow_other_workers": True}
 
 
-def pinned(block: int) -> Any:
-    """``dask.annotate`` context for graph tasks of row block ``block`` (see :func:`placed`)."""
+#: dask priority of a task whose result another worker waits for (a halo gather, a transposed
+#: product's partial): a worker with it and local work ready at once runs it first, so the
+#: transfer overlaps the local work instead of following it
+TRAVELS_FIRST = 1
+
+
+def pinned(block: int, travels: bool = False) -> Any:
+    """``dask.annotate`` context for graph tasks of row block ``block`` (see :func:`placed`);
+    ``travels``: their results go to another worker, which waits for them (:data:`TRAVELS_FIRST`).
+
+    A worker runs one task at a time, in priority order, then graph order.  Without the priority,
+    a worker would run its own SpMM tile (100+ ms at 1M nodes) before the 10 ms gather of the halo
+    rows the other worker needs, and that worker would sit idle for the difference."""
     import dask
 
-    return dask.annotate(**placed(client(), block))
+    options = placed(client(), block)
+    if travels:
+        options["priority"] = TRAVELS_FIRST
+    return dask.annotate(**options)
 
 
 def row_placement(collections: list, blocks: int, client_: Any) -> Any:

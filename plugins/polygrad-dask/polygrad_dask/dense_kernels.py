@@ -13,10 +13,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from dask.array.core import _concatenate2, elemwise
-from dask.array.reductions import chunk_max
-from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
+from dask.array.core import elemwise
 
 from polygrad.ir.ops import Op
 from polygrad.runtime.backend import elementwise_kernels
@@ -80,65 +77,47 @@ def cast(x: da.Array, *, dtype: Any) -> da.Array:
 
 
 def _sum_block(block: np.ndarray, axes: tuple, keepdims: bool, dtype: Any) -> np.ndarray:
-    """What ``da.sum`` computes for a block whose reduced axes it holds whole: the chunk sum, then
-    the aggregate over that one partial (concatenated as dask concatenates it)."""
-    part = np.sum(block, axis=axes, keepdims=True, dtype=dtype)
-    return np.sum(_concatenate2(_nested(part, len(axes)), axes=sorted(axes)), axis=axes, keepdims=keepdims,
-                  dtype=dtype)
+    return np.sum(block, axis=axes, keepdims=keepdims, dtype=dtype)
 
 
 def _max_block(block: np.ndarray, axes: tuple, keepdims: bool, dtype: Any) -> np.ndarray:
-    """``da.max``'s chunk function and aggregate on a block whose reduced axes it holds whole."""
-    part = chunk_max(block, axis=axes, keepdims=True)
-    return np.max(_concatenate2(_nested(part, len(axes)), axes=sorted(axes)), axis=axes, keepdims=keepdims)
+    return np.max(block, axis=axes, keepdims=keepdims)
 
 
-def _nested(part: np.ndarray, depth: int) -> Any:
-    """``part`` as the one-element nested list dask's tree reduction hands its aggregate."""
-    out: Any = part
-    for _ in range(depth):
-        out = [out]
-    return out
+def _within_blocks(x: da.Array, reduce_block: Any, axes: tuple, keepdims: bool, dtype: Any) -> da.Array | None:
+    """A reduction over ``axes`` as ONE task per block (``reduce_block``: :func:`_sum_block` or
+    :func:`_max_block`) when no reduced axis is split into chunks -- a row-wise sum or max of a
+    row-blocked array, as in a softmax or a loss -- else None.
 
-
-def _per_block_reduction(x: da.Array, fn: Any, axes: tuple, keepdims: bool, dtype: Any) -> da.Array | None:
-    """A reduction over axes that no block splits, as ONE task per block (``fn``: dask's chunk
-    function and aggregate, composed), instead of dask's chunk task and aggregate task per block:
-    the same calls on the same arrays (the same bits), one scheduler round trip fewer per block --
-    a row-wise max or sum (softmax, the losses) on row-blocked arrays.  None where dask's own
-    reduction must run (a reduced axis in several blocks, an empty array, a non-float dtype)."""
-    if not axes or x.size == 0 or x.dtype.kind != "f" or any(x.numblocks[a] != 1 for a in axes):
+    dask's reduction makes two tasks per block even then: the block's reduction with
+    ``keepdims``, then an "aggregate" that reduces the one partial again (an identity: a reduction
+    over a length-1 axis returns its element as it is, NaN payloads and -0.0 included), a scheduler
+    round trip on the step's critical path.  The same numpy call on the same block gives the same
+    bits (``tests/test_row_reductions.py``)."""
+    axes = tuple(sorted(a % x.ndim for a in axes))
+    if not axes or any(len(x.chunks[a]) != 1 for a in axes):
         return None
-    name = f"{fn.__name__.strip('_')}-{tokenize(x.name, fn.__name__, axes, keepdims, dtype)}"
-    kept = [i for i in range(x.ndim) if keepdims or i not in axes]
-    out_chunks = tuple((1,) if i in axes else x.chunks[i] for i in kept)
-    blocks = x.to_delayed(optimize_graph=False)
-    done = []
-    for index in np.ndindex(*blocks.shape):
-        key = (name,) + tuple(index[i] for i in kept)
-        done.append(dask.delayed(fn, pure=True)(blocks[index], axes, keepdims, dtype, dask_key_name=key))
-    return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=done), name, out_chunks, dtype=dtype)
+    if keepdims:
+        kept = tuple((1,) if d in axes else c for d, c in enumerate(x.chunks))
+        return x.map_blocks(reduce_block, axes, keepdims, dtype, chunks=kept, dtype=dtype)
+    left = tuple(c for d, c in enumerate(x.chunks) if d not in axes)
+    return x.map_blocks(reduce_block, axes, keepdims, dtype, chunks=left, drop_axis=axes, dtype=dtype)
 
 
 def reduce_sum(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
     # no axes: the identity, except bool/int, which numpy's sum promotes (as the numpy backend)
-    if not axes and x.dtype.kind not in "biu":
-        return x
-    dtype = getattr(np.zeros(1, dtype=x.dtype).sum(), "dtype", object)  # what da.sum accumulates in
-    fast = _per_block_reduction(x, _sum_block, axes, keepdims, dtype)
-    return fast if fast is not None else x.sum(axis=axes, keepdims=keepdims)
+    if not axes:
+        return x.sum(axis=axes, keepdims=keepdims) if x.dtype.kind in "biu" else x
+    dtype = np.zeros(1, dtype=x.dtype).sum().dtype  # the dtype dask's sum gives (bool/int: platform int)
+    out = _within_blocks(x, _sum_block, tuple(axes), keepdims, dtype)
+    return x.sum(axis=axes, keepdims=keepdims) if out is None else out
 
 
 def reduce_max(x: da.Array, *, axes: tuple, keepdims: bool) -> da.Array:
     if not axes:
         return x
-    if x.size == 0 and all(x.shape[a] for a in axes):
-        # an empty result (the max of each of no rows): dask's chunk function turns an empty block
-        # into a (1, 0) one that its aggregate cannot reduce; numpy gives the empty array
-        shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape) if keepdims or i not in axes)
-        return da.zeros(shape, dtype=x.dtype, chunks=chunks.chunks_for(shape))
-    fast = _per_block_reduction(x, _max_block, axes, keepdims, x.dtype)
-    return fast if fast is not None else x.max(axis=axes, keepdims=keepdims)
+    out = _within_blocks(x, _max_block, tuple(axes), keepdims, x.dtype)
+    return x.max(axis=axes, keepdims=keepdims) if out is None else out
 
 
 def reshape(x: da.Array, *, shape: tuple) -> da.Array:

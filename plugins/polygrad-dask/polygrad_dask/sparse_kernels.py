@@ -303,7 +303,7 @@ def _operand_parts(part: Partition, i: int, xb: list, x: da.Array) -> list:
     for j, (_, count) in enumerate(part.segments[i]):
         ids = part.needs.get((i, j))
         if ids is not None:
-            with cluster.pinned(j):
+            with cluster.pinned(j, travels=True):
                 out.append(_d(_take)(xb[j], ids))
         elif count:
             out.append(xb[j])
@@ -354,7 +354,7 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
             if own_block(part, i) == j:
                 mine = i
                 continue
-            with cluster.pinned(i):
+            with cluster.pinned(i, travels=True):
                 pieces.append(_d(_spmm_t_part)(block, vb[i], gb[i], j))
             ids.append(part.needs.get((i, j)))
         if mine is None:

@@ -532,3 +532,34 @@ def test_block_products_are_their_tasks_with_no_alias_in_between(client):
                    for k in flatten(got.__dask_keys__())), (kind, got.__dask_keys__())
         if want is not None:
             np.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_tasks_whose_results_travel_run_first_on_their_worker(client):
+    """A halo gather and a transposed product's partial go to another worker, which waits for
+    them: they carry dask's priority (``cluster.TRAVELS_FIRST``), so their worker runs them before
+    its own tile's product (ready at the same moment, 10x longer) and the transfer overlaps that
+    product.  Local tasks keep the default priority.  The numbers do not depend on it."""
+    import dask.array as da
+
+    n, f = 512, 3
+    ei = _block_diagonal(n, 40, seed=6, degree=4)
+    cross = np.concatenate([np.arange(20), np.arange(n // 2, n // 2 + 20)])  # a few rows of each block
+    ei = np.concatenate([ei, np.stack([cross, (cross + n // 2) % n])], axis=1)
+    a = pg.from_edge_index(ei, n, dtype=np.float64, backend="dask")
+    x = np.random.default_rng(3).normal(size=(n, f))
+    (a @ pg.tensor(x, backend="dask")).numpy()  # builds the partition on the workers
+    part = polygrad_dask.partition.partition_of(a.pattern)
+    assert part.needs, "the pattern must have halos for this test"
+    values = da.from_array(np.linspace(0.5, 1.5, int(a.pattern.nnz)), chunks=(part.nnz_chunks,))
+    xd = da.from_array(x, chunks=(part.row_chunks, (f,)))
+    sk = polygrad_dask.sparse_kernels
+    for got, travelling in ((sk.spmm_partition(part, values, xd), "_take"),
+                            (sk.spmm_t_partition(part, values, xd), "_spmm_t_part")):
+        priorities: dict = {}
+        for name, layer in got.__dask_graph__().layers.items():
+            for key in layer:
+                kind = str(key[0] if isinstance(key, tuple) else key).rsplit("-", 1)[0]
+                priorities.setdefault(kind, set()).add((layer.annotations or {}).get("priority"))
+        assert priorities[travelling] == {polygrad_dask.cluster.TRAVELS_FIRST}, priorities
+        local = {k: v for k, v in priorities.items() if k.startswith(("_spmm_tiles", "_assemble", "_add_partials"))}
+        assert local and all(v == {None} for v in local.values()), priorities
