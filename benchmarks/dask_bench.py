@@ -33,6 +33,8 @@ their losses can be compared.  Each part runs in its own process, so each peak R
   client's numpy backend): time per batch (drawing it, and the whole step), the client's peak RSS,
   and the largest loss difference (0: the batches are the same).  POLYGRAD_DASK_BENCH_PREFETCH
   sets the sampler's ``prefetch`` (default 0);
+* POLYGRAD_DASK_BENCH_TARGETS=classes trains the full-batch runs on the integer labels instead of
+  their one-hot probabilities (the fused cross-entropy op, on numpy and on Dask);
 * **ordered loading**: GCN on 2 workers from shards written with ``write_edge_shards(order=...)``
   (contiguous ids, reverse Cuthill-McKee, degree), on the uniform and the R-MAT graph at a fifth
   of the size (``POLYGRAD_DASK_BENCH_ORDER_SHARE``): the bytes the workers actually sent each
@@ -132,6 +134,17 @@ def targets_rows(lo: int, hi: int):
     parts = _pieces(lo, hi, lambda rng, n: rng.integers(0, CLASSES, size=n))
     labels = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     return np.eye(CLASSES, dtype=np.float32)[labels]
+
+
+def full_batch_targets():
+    """The rows function of the full-batch runs' targets: one-hot probabilities (the default) or,
+    with ``POLYGRAD_DASK_BENCH_TARGETS=classes``, the integer labels -- the same classes, whose
+    loss is one ``Op.CROSS_ENTROPY`` (on dask one task per row block; the client reads the labels
+    every epoch and sends each block its own)."""
+    kind = os.environ.get("POLYGRAD_DASK_BENCH_TARGETS", "probabilities")
+    if kind not in ("probabilities", "classes"):
+        raise SystemExit(f"POLYGRAD_DASK_BENCH_TARGETS must be 'probabilities' or 'classes', got {kind!r}")
+    return labels_rows if kind == "classes" else targets_rows
 
 
 def labels_rows(lo: int, hi: int):
@@ -252,7 +265,7 @@ def child_numpy(s: dict) -> dict:
         adj = pg.gcn_norm(pg.from_edge_index(ei, s["nodes"]))
         del ei
         x = pg.tensor(features_rows(0, s["nodes"], s["features"]))
-        target = pg.tensor(targets_rows(0, s["nodes"]))
+        target = pg.tensor(full_batch_targets()(0, s["nodes"]))
         cpu = _cpu_s()
         with _metered_numpy_kernels() as kernels:
             seconds, losses, _ = _train(x, adj, target, s["epochs"])
@@ -352,7 +365,8 @@ def child_dask(s: dict, shards: str, workers: int, memory_limit_mb: float) -> di
         make_x = functools.partial(_features_of, s["features"])
         x = pg.Tensor.from_backend(_on_workers(rows, make_x, make_x(0, 0)), "dask")
         pg.materialize(x)
-        target = pg.Tensor.from_backend(_on_workers(rows, targets_rows, targets_rows(0, 0)), "dask")
+        targets = full_batch_targets()
+        target = pg.Tensor.from_backend(_on_workers(rows, targets, targets(0, 0)), "dask")
         pg.materialize(target)
         before = client.run(_worker_stats)
         metrics = _cluster_metrics(client)
@@ -478,7 +492,7 @@ def child_ordered(s: dict, shards: str) -> dict:
         perm = np.arange(s["nodes"]) if perm is None else perm
         adj = polygrad_dask.gcn_adjacency(shards, dtype=np.float32)
         x = pg.tensor(features_rows(0, s["nodes"], s["features"])[perm], backend="dask")
-        target = pg.tensor(targets_rows(0, s["nodes"])[perm], backend="dask")
+        target = pg.tensor(full_batch_targets()(0, s["nodes"])[perm], backend="dask")
         pg.materialize(x)
         pg.materialize(target)
         before = client.run(_worker_stats)

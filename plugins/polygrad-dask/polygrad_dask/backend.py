@@ -24,7 +24,7 @@ import polygrad as pg
 from polygrad.errors import BackendError
 from polygrad.ir.ops import Op
 
-from . import chunks, cluster, dense_kernels, sparse_kernels
+from . import chunks, cluster, dense_kernels, loss_kernels, sparse_kernels
 
 #: bytes up to which a materialised array of one row block is replicated on two workers, so that losing one
 #: worker loses no parameter or optimizer state (they are small; graph data is recomputed)
@@ -61,6 +61,9 @@ class DaskBackend(pg.Backend):
             self.kernels.update({(op, layout): fn for op, fn in sparse_kernels.KERNELS.items()})
             self.vjp_kernels[(Op.SPMM, layout)] = sparse_kernels.spmm_vjp
             self.vjp_kernels[(Op.SDDMM, layout)] = sparse_kernels.sddmm_vjp
+        # the loss's per-row work as one task per row block (the composite's bits, loss_kernels)
+        self.kernels[(Op.CROSS_ENTROPY, "dense")] = loss_kernels.cross_entropy_kernel
+        self.vjp_kernels[(Op.CROSS_ENTROPY, "dense")] = loss_kernels.cross_entropy_vjp
         if partitions is not None:
             chunks.set_partitions(partitions)
 

@@ -1,0 +1,205 @@
+"""``Op.CROSS_ENTROPY`` on dask: one task per row block forward and backward, the composite's bits.
+
+Without a kernel, ``pg.cross_entropy(logits, classes)`` on dask runs its composite: some 40
+dask tasks of a few microseconds each (max, its aggregate, neg, add, exp, sum, its aggregate,
+log, a ``vindex`` gather, ...) whose dependent steps wait on the scheduler in turn.  Here the
+per-row work is the steps of :mod:`polygrad.engine.cross_entropy` (the composite's own sequence)
+run with numpy on each row block, as ONE task on that block's worker; only the cross-row sum
+leaves the block.
+
+The numbers are the composite's on dask, bit for bit, because each step calls on a block what
+dask calls on it: ufuncs per block (``np.negative`` for ``da.negative``, ...), a row reduction as
+dask's chunk function then its aggregate over that one partial (:class:`BlockSteps`), and a
+row-wise result does not depend on the other rows of the array.  The rows' losses are then laid
+out in the chunks the composite's ``vindex`` gives them (so "none" hands later ops the same
+chunks), and "sum"/"mean" reduce them as the composite does: dask's own ``sum`` of those chunks,
+then the mean's multiply -- in one task where the losses are one chunk (the common case: a
+``vindex`` output chunk holds ``max(row block) * C`` points).  ``tests/test_fused_loss.py``
+checks loss and gradient bitwise against the composite on generated logits.
+
+Logits that are not float32/float64, are split along the class axis, have an empty row block or
+no rows run the same steps over the backend's own dask kernels instead: the composite's
+dask graph, the composite's numbers.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.array.reductions import chunk_max
+from dask.highlevelgraph import HighLevelGraph
+
+from polygrad.backends.cross_entropy_kernels import KernelSteps
+from polygrad.engine import cross_entropy
+from polygrad.ir.ops import Op
+from polygrad.runtime.backend import elementwise_kernels
+
+from . import cluster
+
+#: logits dtypes the per-block path serves (others take the dask kernels' path)
+BLOCK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _sum_dtype(dtype: np.dtype) -> Any:
+    """The accumulator dtype ``da.sum`` passes to its chunk and aggregate sums."""
+    return getattr(np.zeros(1, dtype=dtype).sum(), "dtype", object)
+
+
+def _block_sum(x: np.ndarray, *, axes: tuple, keepdims: bool) -> np.ndarray:
+    """``da.sum`` over axes ``x`` is not split along, on one block: chunk sum, then the
+    aggregate over that single partial (``dask.array.reductions.sum``'s two functions)."""
+    dtype = _sum_dtype(x.dtype)
+    part = np.sum(x, axis=axes, keepdims=True, dtype=dtype)
+    return np.sum(part, axis=axes, keepdims=keepdims, dtype=dtype)
+
+
+def _block_max(x: np.ndarray, *, axes: tuple, keepdims: bool) -> np.ndarray:
+    """``da.max`` on one block: ``chunk_max`` then ``np.max`` over that single partial."""
+    return np.max(chunk_max(x, axis=axes, keepdims=True), axis=axes, keepdims=keepdims)
+
+
+def _block_getitem(x: np.ndarray, *, index: tuple) -> np.ndarray:
+    return x[index]  # the picked values, as vindex copies them
+
+
+def _block_index_add(src: np.ndarray, *, index: tuple, shape: tuple) -> np.ndarray:
+    """Zeros with ``src`` added at ``index`` by ``np.add.at`` (``dense_kernels._add_at_block``)."""
+    out = np.zeros(shape, dtype=src.dtype)
+    np.add.at(out, index, src)
+    return out
+
+
+def _block_expand(x: np.ndarray, *, shape: tuple) -> np.ndarray:
+    return np.broadcast_to(x, shape)
+
+
+#: what each step of the composite runs on one row block under dask (its kernels' per-block calls)
+BLOCK_KERNELS: dict = {
+    **{(op, "dense"): fn for op, fn in elementwise_kernels(np).items()},
+    (Op.SUM, "dense"): _block_sum, (Op.MAX, "dense"): _block_max, (Op.GETITEM, "dense"): _block_getitem,
+    (Op.INDEX_ADD, "dense"): _block_index_add, (Op.EXPAND, "dense"): _block_expand,
+}
+BLOCK_STEPS = KernelSteps(BLOCK_KERNELS, np)
+#: plain numpy steps, for logits with no rows (numpy's max of an empty block is its ``(0, 1)``)
+NUMPY_STEPS = KernelSteps({**BLOCK_KERNELS,
+                           (Op.SUM, "dense"): lambda x, *, axes, keepdims: np.sum(x, axis=axes, keepdims=keepdims),
+                           (Op.MAX, "dense"): lambda x, *, axes, keepdims: np.max(x, axis=axes, keepdims=keepdims)}, np)
+
+
+# -- per-block work (runs on the workers) ----------------------------------------------------------
+
+def _block_losses(x: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The rows' losses ``[rows]`` of one logits block (reduction "none")."""
+    return np.asarray(cross_entropy.loss(x, target, "none", BLOCK_STEPS))
+
+
+def _reduce_one_chunk(dtype: np.dtype, scale: float | None, *blocks: np.ndarray) -> np.ndarray:
+    """``da.sum`` of the losses when they form one chunk (chunk sum, aggregate over that one
+    partial), then the mean's multiply by its constant (``scale``; None for "sum")."""
+    losses = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    total = _block_sum(losses, axes=(0,), keepdims=False)
+    return total if scale is None else np.multiply(total, np.asarray(scale, dtype=dtype))
+
+
+def _block_grad(g: np.ndarray, x: np.ndarray, target: np.ndarray, reduction: str,
+                scale: float | None) -> np.ndarray:
+    """The logits' gradient on one block from the loss's gradient ``g`` (``()`` for "sum" and
+    "mean", the block's rows for "none").  "mean" scales ``g`` first, as the composite's mul rule
+    does with the whole array's ``1/N``; then the rows are those of a "sum" over this block."""
+    if scale is not None:
+        g = np.multiply(g, np.asarray(scale, dtype=g.dtype))
+    return np.asarray(cross_entropy.logits_grad(g, x, target, "none" if reduction == "none" else "sum",
+                                                BLOCK_STEPS))
+
+
+# -- graph building (on the client) ----------------------------------------------------------------
+
+def _serves(x: Any) -> bool:
+    """Whether the per-block path gives the composite's bits for these logits."""
+    return (isinstance(x, da.Array) and x.ndim == 2 and x.dtype in BLOCK_DTYPES and x.shape[0] > 0
+            and x.shape[1] >= 1 and x.numblocks[1] == 1 and all(r > 0 for r in x.chunks[0]))
+
+
+def _row_blocks(x: da.Array) -> list:
+    return list(x.to_delayed(optimize_graph=False)[:, 0])
+
+
+def _stacked(prefix: str, fn: Any, calls: list, chunks: tuple, dtype: Any) -> da.Array:
+    """The dask array whose row block ``i`` is ``fn(*calls[i])``, run on row block ``i``'s worker,
+    each task keyed as the array's own chunk (no alias tasks)."""
+    name = f"{prefix}-{uuid.uuid4().hex}"
+    tail = (0,) * (len(chunks) - 1)
+    done = []
+    for i, args in enumerate(calls):
+        with cluster.pinned(i):
+            done.append(dask.delayed(fn, pure=False)(*args, dask_key_name=(name, i) + tail))
+    return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=done), name, chunks, dtype=dtype)
+
+
+def _target_blocks(x: da.Array, target: np.ndarray) -> list:
+    bounds = np.cumsum((0,) + x.chunks[0])
+    return [np.ascontiguousarray(target[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def vindex_chunks(x: da.Array) -> tuple:
+    """The chunks of ``x.vindex[arange(N), target]`` (dask's ``_vindex_array``): blocks of
+    ``max(row block) * C`` points, the last one holding the rest."""
+    n = x.shape[0]
+    per = max(x.chunks[0]) * x.shape[1]
+    full, rest = divmod(n, per)
+    return ((per,) * full + ((rest,) if rest else ()),)
+
+
+def _dask_steps() -> KernelSteps:
+    from . import dense_kernels
+
+    return KernelSteps({(op, "dense"): fn for op, fn in dense_kernels.KERNELS.items()}, da)
+
+
+def cross_entropy_kernel(x: da.Array, *, target: np.ndarray, reduction: str) -> da.Array:
+    """Forward ``Op.CROSS_ENTROPY``: per-row losses one task per row block, reduced as the
+    composite reduces them."""
+    n = x.shape[0]
+    if n == 0 and x.ndim == 2:  # the composite fails here (a vindex of nothing): numpy's empty loss
+        return da.from_array(cross_entropy.loss(np.zeros(x.shape, x.dtype), target, reduction, NUMPY_STEPS))
+    if not _serves(x):
+        return cross_entropy.loss(x, target, reduction, _dask_steps())
+    losses = _stacked("cross-entropy-rows", _block_losses, list(zip(_row_blocks(x), _target_blocks(x, target))),
+                      (x.chunks[0],), x.dtype)
+    chunks = vindex_chunks(x)
+    scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
+    if reduction != "none" and len(chunks[0]) == 1:
+        name = f"cross-entropy-total-{uuid.uuid4().hex}"
+        with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
+            total = dask.delayed(_reduce_one_chunk, pure=False)(
+                x.dtype, scale, *losses.to_delayed(optimize_graph=False), dask_key_name=(name,))
+        return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
+    losses = losses.rechunk(chunks)  # "none" hands later ops the composite's chunks
+    if reduction == "none":
+        return losses
+    total = losses.sum(axis=(0,), keepdims=False)  # dense_kernels.reduce_sum's call
+    return total if scale is None else da.multiply(total, np.asarray(scale, dtype=x.dtype))
+
+
+def cross_entropy_vjp(g: da.Array, x: da.Array, *, needs: tuple, target: np.ndarray,
+                      reduction: str) -> tuple:
+    """Fused backward: the logits' gradient one task per row block (the composite's rule steps)."""
+    if not needs[0]:
+        return (None,)
+    if x.shape[0] == 0:
+        return (da.zeros(x.shape, dtype=x.dtype),)
+    if not _serves(x) or g.dtype != x.dtype:
+        return (cross_entropy.logits_grad(g, x, target, reduction, _dask_steps()),)
+    if reduction == "none":
+        gs = list(g.rechunk((x.chunks[0],)).to_delayed(optimize_graph=False))
+    else:
+        gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
+    scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None
+    calls = [(gb, xb, tb, reduction, scale) for gb, xb, tb in zip(gs, _row_blocks(x), _target_blocks(x, target))]
+    return (_stacked("cross-entropy-grad", _block_grad, calls, x.chunks, x.dtype),)
+
+
+__all__ = ["cross_entropy_kernel", "cross_entropy_vjp", "vindex_chunks", "BLOCK_STEPS"]

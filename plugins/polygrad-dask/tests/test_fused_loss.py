@@ -1,0 +1,233 @@
+"""``Op.CROSS_ENTROPY`` on dask (``polygrad_dask.loss_kernels``) against the composite it replaces on
+dask, bit for bit: loss and logits gradient for generated logits (NaN, infinities, -0.0, huge
+values, one class), float32 and float64 (float16: the dask kernels' path), 1-4 row blocks of
+uneven sizes, every reduction, zero and NaN upstream gradients; and a GCN trained on the dask
+backend with and without the fused op ends with the same parameter bytes.
+
+The composite is what the backend ran before the op had a kernel: :func:`composite_cross_entropy`
+takes the kernel and its fused backward out of the registry's tables for the block, so
+``pg.cross_entropy`` decides on the composite exactly as it did then.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("dask.array")
+pytest.importorskip("distributed")
+
+try:
+    import polygrad_dask  # noqa: E402
+except ImportError:  # running from the source tree, not installed
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import polygrad_dask  # noqa: E402
+
+import polygrad as pg  # noqa: E402
+from polygrad import nn, optim  # noqa: E402
+from polygrad.apps.train import fit  # noqa: E402
+from polygrad.ir.ops import Op  # noqa: E402
+from polygrad.runtime.registry import registry  # noqa: E402
+
+KEY = (Op.CROSS_ENTROPY, "dense")
+SPECIALS = [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 3e38, -3e38, 1e-45]
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    """Two worker processes (payloads and layouts cross process boundaries as in real runs);
+    tiny arrays still get several row blocks."""
+    from distributed import Client, LocalCluster
+
+    from polygrad.testing.temporary import temporary_plugin
+
+    with contextlib.ExitStack() as stack:
+        if "dask" not in pg.list_backends():
+            stack.enter_context(temporary_plugin(polygrad_dask, "dask"))
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                               scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+        client = Client(cluster, set_as_default=True, timeout=120)
+        saved = polygrad_dask.chunks.partitions, polygrad_dask.chunks.min_block_rows
+        polygrad_dask.chunks.min_block_rows = 1
+        try:
+            yield client
+        finally:
+            polygrad_dask.chunks.set_partitions(saved[0])
+            polygrad_dask.chunks.min_block_rows = saved[1]
+            client.close()
+            cluster.close()
+
+
+@contextlib.contextmanager
+def composite_cross_entropy():
+    """The dask backend without its cross-entropy kernels: ``pg.cross_entropy`` runs the composite
+    (the decision reads the forward table), backward by the composite's rules."""
+    forward = registry.tables["dask"].pop(KEY)
+    backward = registry.vjp_tables["dask"].pop(KEY)
+    try:
+        yield
+    finally:
+        registry.tables["dask"][KEY] = forward
+        registry.vjp_tables["dask"][KEY] = backward
+
+
+def _loss_and_grad(x: np.ndarray, target: np.ndarray, reduction: str, g: float) -> tuple:
+    """(loss bytes, logits gradient bytes, the loss's dask chunks) with upstream gradient ``g``."""
+    with pg.use_backend("dask"):
+        logits = pg.tensor(x, requires_grad=True)
+        loss = nn.cross_entropy(logits, target, reduction=reduction)
+        seed = np.full(loss.shape, g, dtype=x.dtype)
+        loss.backward(pg.tensor(seed))
+        return loss.numpy().tobytes(), logits.grad.numpy().tobytes(), loss._data.chunks
+
+
+@st.composite
+def problems(draw):
+    n, c = draw(st.integers(1, 23)), draw(st.integers(1, 5))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.float16]))
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c)) * draw(st.sampled_from([1.0, 40.0, 1e5]))
+    if draw(st.booleans()):  # specials sprinkled in (a row whose max is inf or NaN turns NaN)
+        hit = rng.random((n, c)) < 0.15
+        x[hit] = rng.choice(SPECIALS, int(hit.sum()))
+    with np.errstate(over="ignore"):  # 1e5 * N(0,1) past float16's range: infinities, on purpose
+        x = x.astype(dtype)
+    if draw(st.booleans()):  # a NaN with a payload and its sign bit set
+        bits = x.view(np.uint32 if dtype == np.float32 else np.uint64 if dtype == np.float64 else np.uint16)
+        bits.flat[draw(st.integers(0, x.size - 1))] = {np.float32: 0xFFC01234, np.float64: 0xFFF8000000001234,
+                                                       np.float16: 0xFE12}[dtype]
+    target = rng.integers(0, c, n)
+    return x, target
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=problems(), partitions=st.integers(1, 4), reduction=st.sampled_from(["mean", "sum", "none"]),
+       g=st.sampled_from([1.0, 0.0, -0.0, 2.5, np.nan]))
+def test_fused_cross_entropy_is_the_composite_bit_for_bit(problem, partitions, reduction, g):
+    x, target = problem
+    polygrad_dask.chunks.set_partitions(partitions)
+    fused = _loss_and_grad(x, target, reduction, g)
+    with composite_cross_entropy():
+        composite = _loss_and_grad(x, target, reduction, g)
+    assert fused == composite
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_losses_keep_the_composite_chunks_across_several_vindex_chunks():
+    """One class and 3 row blocks: the composite's ``vindex`` gives the losses blocks of
+    ``max(rows) * C`` points, not the row blocks; "none" keeps them and "sum" reduces over them."""
+    polygrad_dask.chunks.set_partitions(3)
+    x = np.random.default_rng(1).standard_normal((10, 1)).astype(np.float32) * 1e4
+    target = np.zeros(10, dtype=np.int64)
+    for reduction in ("none", "sum", "mean"):
+        fused = _loss_and_grad(x, target, reduction, 1.0)
+        with composite_cross_entropy():
+            composite = _loss_and_grad(x, target, reduction, 1.0)
+        assert fused == composite
+    assert fused[2] == ()  # the scalar; "none" was compared with its chunks (4, 4, 2) above
+    assert polygrad_dask.loss_kernels.vindex_chunks(pg.tensor(x, backend="dask")._data) == ((4, 4, 2),)
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_the_fused_op_runs_one_task_per_row_block():
+    """What the kernel is for: the loss of 4 row blocks is 4 block tasks and one total (the
+    composite builds dozens), and its backward one task per block."""
+    polygrad_dask.chunks.set_partitions(4)
+    x = np.random.default_rng(2).standard_normal((40, 4))  # 4 classes: the losses are one vindex chunk
+    with pg.use_backend("dask"):
+        logits = pg.tensor(x, requires_grad=True)
+        loss = nn.cross_entropy(logits, np.arange(40) % 4)
+        assert len(loss._data.__dask_graph__()) - len(logits._data.__dask_graph__()) == 5
+        loss.backward()
+        grad_graph = logits.grad._data.__dask_graph__()
+        assert sum(1 for k in grad_graph if isinstance(k, tuple) and "cross-entropy-grad" in k[0]) == 4
+        with composite_cross_entropy():
+            slow = nn.cross_entropy(logits, np.arange(40) % 4)
+        assert len(slow._data.__dask_graph__()) - len(logits._data.__dask_graph__()) > 30
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_no_rows_gives_numpys_loss(reduction):
+    """No rows: the composite fails on dask (its ``vindex`` of nothing); the op gives numpy's
+    loss and an empty gradient, with no fallback."""
+    x, target = np.zeros((0, 3), dtype=np.float32), np.zeros(0, dtype=np.int64)
+    want = nn.cross_entropy(pg.tensor(x, backend="numpy"), target, reduction=reduction).numpy()
+    with pg.use_backend("dask"):
+        pg.reset_stats()
+        logits = pg.tensor(x, requires_grad=True)
+        loss = nn.cross_entropy(logits, target, reduction=reduction)
+        loss.sum().backward()
+        assert loss.numpy().tobytes() == want.tobytes() and loss.dtype == want.dtype
+        assert logits.grad.shape == (0, 3)
+        assert pg.stats()["fallbacks_total"] == 0
+
+
+def _train_gcn(partitions: int) -> bytes:
+    """Parameter bytes after a few Adam steps of a two-layer GCN on a small random graph (dask)."""
+    polygrad_dask.chunks.set_partitions(partitions)
+    rng = np.random.default_rng(5)
+    n = 61  # uneven row blocks
+    edges = rng.integers(0, n, (2, 300))
+    with pg.use_backend("dask"):
+        adj = pg.gcn_norm(pg.from_edge_index(edges, n))
+        x = pg.tensor(rng.standard_normal((n, 6)).astype(np.float32))
+        target = rng.integers(0, 3, n)
+        pg.manual_seed(0)
+        conv1, conv2 = nn.GCNConv(6, 8, normalize=False), nn.GCNConv(8, 3, normalize=False)
+
+        class Two(nn.Module):
+            def __init__(self):
+                self.conv1, self.conv2 = conv1, conv2
+
+            def forward(self):
+                return conv2.propagate(conv1.propagate(x, adj).relu(), adj)
+
+        model = Two()
+        opt = optim.Adam(model.parameters(), lr=0.05)
+        fit(model, opt, lambda: nn.cross_entropy(model(), target), 3, rollback_threshold=None)
+        return b"".join(p.numpy().tobytes() for p in model.parameters())
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_gcn_training_with_the_fused_loss_gives_the_same_parameters():
+    fused = _train_gcn(3)
+    with composite_cross_entropy():
+        composite = _train_gcn(3)
+    assert fused == composite
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_row_max_of_no_rows_is_empty(keepdims):
+    """The max of each of no rows (the loss's shift on no logits, the rule's recomputation): numpy's
+    empty result; dask's own max turned the empty block into one its aggregate could not reduce."""
+    from polygrad_dask import dense_kernels
+
+    x = np.zeros((0, 3), dtype=np.float32)
+    got = dense_kernels.reduce_max(pg.tensor(x, backend="dask")._data, axes=(1,), keepdims=keepdims)
+    want = np.max(x, axis=1, keepdims=keepdims)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert got.compute(scheduler="sync").shape == want.shape
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_rows_sum_pairwise_as_the_composite(dtype):
+    """3,001 rows in 3 blocks: the loss's sum runs numpy's pairwise blocks (128 and up) over the
+    whole vector as the composite's one vindex chunk does; the bench's shape (8 classes)."""
+    polygrad_dask.chunks.set_partitions(3)
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3001, 8)) * 30).astype(dtype)
+    target = rng.integers(0, 8, 3001)
+    for reduction in ("mean", "sum"):
+        fused = _loss_and_grad(x, target, reduction, 1.0)
+        with composite_cross_entropy():
+            composite = _loss_and_grad(x, target, reduction, 1.0)
+        assert fused == composite
