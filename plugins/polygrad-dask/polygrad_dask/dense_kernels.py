@@ -90,10 +90,12 @@ def _within_blocks(x: da.Array, reduce_block: Any, axes: tuple, keepdims: bool, 
     row-blocked array, as in a softmax or a loss -- else None.
 
     dask's reduction makes two tasks per block even then: the block's reduction with
-    ``keepdims``, then an "aggregate" that reduces the one partial again (an identity: a reduction
-    over a length-1 axis returns its element as it is, NaN payloads and -0.0 included), a scheduler
-    round trip on the step's critical path.  The same numpy call on the same block gives the same
-    bits (``tests/test_row_reductions.py``)."""
+    ``keepdims``, then an "aggregate" that reduces the one partial again -- a scheduler round trip
+    on the step's critical path, and an identity on what the first reduction gives: a max over one
+    element is that element (NaN payloads and -0.0 included); a sum over one element maps -0.0 to
+    +0.0 and quiets a signalling NaN, but a sum never gives either (numpy starts it from +0.0 and
+    adds quietly).  So the same numpy call on the same block gives dask's bits
+    (``tests/test_row_reductions.py``, generated arrays with NaN payloads and -0.0)."""
     axes = tuple(sorted(a % x.ndim for a in axes))
     if not axes or any(len(x.chunks[a]) != 1 for a in axes):
         return None
