@@ -278,10 +278,18 @@ def _fused_cross_entropy(logits: Tensor, idx: np.ndarray, reduction: str) -> Ten
     floating ``[N, C >= 1]`` tensor on a backend with the op's kernel, validated int64 classes
     ``[N]``, a known reduction); None where the composite must run."""
     if (is_sparse(logits) or logits.dtype.kind != "f" or logits.shape[1] < 1
-            or reduction not in ("mean", "sum", "none")
-            or registry.tables.get(logits._be.name, _NONE).get(_KEY) is None):
+            or reduction not in ("mean", "sum", "none")):
+        return None
+    kernel = registry.tables.get(logits._be.name, _NONE).get(_KEY)
+    # a kernel may serve only some arrays with the composite's result (``kernel.accepts(array)``:
+    # a distributed backend's logits split into blocks of its own); the others run the composite
+    if kernel is None or not getattr(kernel, "accepts", _ALL)(logits._data):
         return None
     return apply(Op.CROSS_ENTROPY, (logits,), {"target": idx, "reduction": reduction})
+
+
+def _ALL(array: Any) -> bool:  # noqa: N802 - a constant predicate
+    return True
 
 
 _NONE: dict = {}

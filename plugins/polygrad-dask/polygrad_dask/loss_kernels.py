@@ -38,6 +38,7 @@ from polygrad.ir.ops import Op
 from polygrad.runtime.backend import elementwise_kernels
 
 from . import cluster
+from .chunks import row_chunks
 
 #: logits dtypes the per-block path serves (others take the dask kernels' path)
 BLOCK_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -118,9 +119,14 @@ def _block_grad(g: np.ndarray, x: np.ndarray, target: np.ndarray, reduction: str
 # -- graph building (on the client) ----------------------------------------------------------------
 
 def _serves(x: Any) -> bool:
-    """Whether the per-block path gives the composite's bits for these logits."""
+    """Whether the per-block path gives the composite's bits for these logits -- and its gradient
+    the composite's chunks: the composite builds the gradient in the backend's own row blocks
+    (:func:`~polygrad_dask.chunks.row_chunks`), and logits split otherwise (``from_backend`` with chunks of the
+    caller's, features made before ``set_partitions`` changed) would hand later reductions over
+    rows (a weight gradient ``x.T @ g``) other blocks to sum, so other bits."""
     return (isinstance(x, da.Array) and x.ndim == 2 and x.dtype in BLOCK_DTYPES and x.shape[0] > 0
-            and x.shape[1] >= 1 and x.numblocks[1] == 1 and all(r > 0 for r in x.chunks[0]))
+            and x.shape[1] >= 1 and x.numblocks[1] == 1 and all(r > 0 for r in x.chunks[0])
+            and tuple(x.chunks[0]) == row_chunks(x.shape[0]))
 
 
 def _row_blocks(x: da.Array) -> list:
@@ -201,5 +207,15 @@ def cross_entropy_vjp(g: da.Array, x: da.Array, *, needs: tuple, target: np.ndar
     calls = [(gb, xb, tb, reduction, scale) for gb, xb, tb in zip(gs, _row_blocks(x), _target_blocks(x, target))]
     return (_stacked("cross-entropy-grad", _block_grad, calls, x.chunks, x.dtype),)
 
+
+# pg.cross_entropy asks before it uses the op (polygrad.tensor.losses): logits the per-block path
+# cannot serve with the composite's bits and chunks run the composite itself, not its steps here
+def _accepts(x: Any) -> bool:
+    """Logits the op takes: those the per-block path serves, and no rows (numpy's loss, where
+    the composite fails on dask)."""
+    return isinstance(x, da.Array) and x.ndim == 2 and (x.shape[0] == 0 or _serves(x))
+
+
+cross_entropy_kernel.accepts = _accepts  # type: ignore[attr-defined]
 
 __all__ = ["cross_entropy_kernel", "cross_entropy_vjp", "vindex_chunks", "BLOCK_STEPS"]

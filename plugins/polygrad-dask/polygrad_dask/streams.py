@@ -19,7 +19,11 @@ its own settings: it may serve other clients.
 ``POLYGRAD_DASK_STREAM_INTERVAL_MS`` sets the interval in milliseconds (``off`` keeps dask's).
 The setting reaches the scheduler's stream to every worker (and to each worker that joins later,
 say after a restart), every worker's stream to the scheduler (a worker plugin: restarted workers
-too), and the client's streams.  It only changes when messages leave, never what they say.
+too), and the streams between the scheduler and the clients connected when it is made (the
+client that started the cluster).  A client that connects later, or reconnects, keeps dask's
+2-10 ms (the scheduler makes a client's stream after its plugins hear of the client).  The first
+interval set on a cluster stays (the plugins are idempotent).  It only changes when messages
+leave, never what they say.
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ def _set(stream: Any, seconds: float) -> None:
 
 
 class PromptScheduler(SchedulerPlugin):
-    """The scheduler's streams to its workers, now and as they join, and to its clients."""
+    """The scheduler's streams to its workers, now and as they join, and to the clients it has now."""
 
     name = "polygrad-prompt-streams"
     idempotent = True

@@ -171,8 +171,11 @@ def test_no_rows_gives_numpys_loss(reduction):
 
 
 def _train_gcn(partitions: int) -> bytes:
-    """Parameter bytes after a few Adam steps of a two-layer GCN on a small random graph (dask)."""
+    """Parameter bytes after a few Adam steps of a two-layer GCN on a small random graph (dask):
+    61 rows in ``partitions`` row blocks, the 3-class bias and logits' columns whole (blocks of at
+    least 4 rows), as in a real run, so the fused loss serves."""
     polygrad_dask.chunks.set_partitions(partitions)
+    polygrad_dask.chunks.min_block_rows = 4
     rng = np.random.default_rng(5)
     n = 61  # uneven row blocks
     edges = rng.integers(0, n, (2, 300))
@@ -197,10 +200,57 @@ def _train_gcn(partitions: int) -> bytes:
 
 
 @pytest.mark.usefixtures("dask_cluster")
-def test_gcn_training_with_the_fused_loss_gives_the_same_parameters():
-    fused = _train_gcn(3)
+def test_gcn_training_with_the_fused_loss_gives_the_same_parameters(monkeypatch):
+    from polygrad_dask import loss_kernels
+
+    served: list = []
+    stacked = loss_kernels._stacked
+
+    def counted(prefix, *args, **kwargs):
+        served.append(prefix)
+        return stacked(prefix, *args, **kwargs)
+
+    monkeypatch.setattr(loss_kernels, "_stacked", counted)
+    try:
+        fused = _train_gcn(3)
+        assert served.count("cross-entropy-rows") == 3 and served.count("cross-entropy-grad") == 3, served
+        with composite_cross_entropy():
+            composite = _train_gcn(3)
+    finally:
+        polygrad_dask.chunks.min_block_rows = 1
+    assert fused == composite
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("rows", [None, (3000, 4000), (1000, 3000, 3000)])
+def test_logits_in_other_row_blocks_get_the_composites_gradient_chunks(rows):
+    """Logits whose row blocks are not the backend's own (``from_backend`` with the caller's
+    chunks): the composite builds their gradient in the backend's row blocks, and a later
+    reduction over rows (a weight gradient ``x.T @ g``) sums over those blocks, so the chunks are
+    part of the bits.  The op serves only logits in the backend's own blocks (``accepts``); the
+    others run the composite: loss, gradient bytes and gradient chunks the composite's."""
+    import dask.array as da
+
+    from polygrad_dask import loss_kernels
+
+    polygrad_dask.chunks.set_partitions(4)
+    rng = np.random.default_rng(3)
+    n, c = 7000, 8
+    x = rng.standard_normal((n, c)).astype(np.float32)
+    target = rng.integers(0, c, n)
+    chunks = (polygrad_dask.chunks.row_chunks(n) if rows is None else rows, (c,))
+    assert loss_kernels._accepts(da.from_array(x, chunks=chunks)) == (rows is None)
+
+    def run() -> tuple:
+        with pg.use_backend("dask"):
+            logits = pg.Tensor.from_backend(da.from_array(x, chunks=chunks), "dask", requires_grad=True)
+            loss = nn.cross_entropy(logits, target)
+            loss.backward()
+            return loss.numpy().tobytes(), logits.grad.numpy().tobytes(), logits.grad._data.chunks
+
+    fused = run()
     with composite_cross_entropy():
-        composite = _train_gcn(3)
+        composite = run()
     assert fused == composite
 
 
