@@ -19,8 +19,9 @@ so the traffic of a product with F columns is ``sum(halo rows) * F * itemsize``,
 edge cut (and by the rows of the other blocks), never N.  Terms are added in a fixed order (the
 own block's first, then the others in block order), never in the order of arrival; results differ
 from the single-process numpy backend only by summation order.  (Two training runs on a cluster of
-worker processes, one stepping ahead of reading the loss and one not, were seen to differ by one
-ulp in one parameter element in 2 of 8 runs of a test; where that comes from is not yet known.)
+worker processes were seen to differ by one ulp in a parameter element: not these kernels, but
+dask's matmul of a transposed block, whose bits depend on the block's memory order -- C after it
+crossed workers, F where it was made; see the plugin README.)
 """
 from __future__ import annotations
 
