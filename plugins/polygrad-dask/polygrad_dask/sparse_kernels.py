@@ -20,8 +20,8 @@ edge cut (and by the rows of the other blocks), never N.  Terms are added in a f
 own block's first, then the others in block order), never in the order of arrival; results differ
 from the single-process numpy backend only by summation order.  (Two training runs on a cluster of
 worker processes were seen to differ by one ulp in a parameter element: not these kernels, but
-dask's matmul of a transposed block, whose bits depend on the block's memory order -- C after it
-crossed workers, F where it was made; see the plugin README.)
+dask's matmul of a transposed block, whose bits depend on the block's memory order, which is not
+the same run to run when the block may cross workers; see the plugin README.)
 """
 from __future__ import annotations
 
