@@ -243,6 +243,9 @@ SPECS: dict[Op, OpSpec] = {
         edges=("Must give the bits of pg.cross_entropy's composite: each row shifted by its max (0 where the max "
                "is not finite), `shifted - log(sum(exp(shifted)))` gathered and negated, then summed (times "
                "1/N for mean). `backends/cross_entropy_kernels.py` builds such a kernel from a backend's own.",
+               "A kernel that serves only some arrays with those bits (a distributed backend's logits in "
+               "its own blocks) sets `kernel.accepts = predicate`: pg.cross_entropy runs the composite "
+               "for the arrays it refuses.",
                "No rows: mean is NaN, sum is 0."),
         examples=(Example("mean over two rows", (np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]),),
                           {"target": np.array([1, 0]), "reduction": "mean"}),)),
