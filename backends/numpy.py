@@ -159,6 +159,23 @@ BRANCH_FREE_WHERE_MIN = 1 << 14
 BRANCH_FREE_WHERE_GENERAL_MIN = 1 << 16
 
 
+def where_bits_into(out, cond, bits_a, bits_b, zero_a: bool) -> None:
+    """The bits of ``np.where(cond, a, b)`` into ``out`` (``a``'s and ``b``'s bits as signed
+    integers of their itemsize, ``out`` of that dtype and of the broadcast shape), with no branch
+    per element: ``b & (cond - 1)`` when ``a`` is a 0-d zero (``zero_a``), else
+    ``b ^ ((a ^ b) * cond)``; each pass writes ``out`` in place, no temporary.  The numpy
+    backend's :func:`branch_free_where` runs it per row block on its threads; the dask plugin
+    per dask block."""
+    if zero_a:  # where(cond, 0, b) = b & (cond - 1)
+        out[...] = cond
+        out -= 1  # 0 where cond, all bits set elsewhere
+        np.bitwise_and(out, bits_b, out=out)
+        return
+    np.bitwise_xor(bits_a, bits_b, out=out)
+    np.multiply(out, cond, out=out)  # a ^ b where cond, 0 elsewhere
+    np.bitwise_xor(out, bits_b, out=out)
+
+
 def branch_free_where(cond, a, b):
     """``np.where(cond, a, b)``, bit for bit, without a branch per element.
 
@@ -186,15 +203,7 @@ def branch_free_where(cond, a, b):
     def block(r0: int, r1: int) -> None:
         def part(v):
             return v[r0:r1] if nd and v.ndim == nd and v.shape[0] == lead else v
-        o = out[r0:r1] if nd else out
-        if zero_a:  # where(cond, 0, b) = b & (cond - 1)
-            o[...] = part(cond)
-            o -= 1  # 0 where cond, all bits set elsewhere
-            np.bitwise_and(o, part(bits_b), out=o)
-            return
-        np.bitwise_xor(part(bits_a), part(bits_b), out=o)
-        np.multiply(o, part(cond), out=o)  # a ^ b where cond, 0 elsewhere
-        np.bitwise_xor(o, part(bits_b), out=o)
+        where_bits_into(out[r0:r1] if nd else out, part(cond), part(bits_a), part(bits_b), zero_a)
 
     threads = parallel.threads_for(out.size, parallel.DENSE_PARALLEL_MIN)
     if threads == 1 or not nd:  # one block: splitting it (np.linspace, np.unique) costs ~9 us

@@ -15,6 +15,7 @@ import dask.array as da
 import numpy as np
 from dask.array.core import elemwise
 
+from polygrad.backends import numpy as numpy_backend
 from polygrad.ir.ops import Op
 from polygrad.runtime.backend import elementwise_kernels
 
@@ -25,22 +26,17 @@ def relu(x: da.Array) -> da.Array:
     return da.maximum(x, x.dtype.type(0))
 
 
-#: below these many elements per block np.where is as fast (the numpy backend's thresholds,
-#: ``BRANCH_FREE_WHERE_MIN`` / ``_GENERAL_MIN``, measured there): ``where(cond, 0, b)`` and a general ``a``
-BRANCH_FREE_WHERE_MIN = 1 << 14
-BRANCH_FREE_WHERE_GENERAL_MIN = 1 << 16
-
-
 def where_block(cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.where(cond, a, b)`` on one block, bit for bit, without a branch per element.
 
     np.where branches per element, which mispredicts on a random condition: ReLU's backward
     ``where(out <= 0, 0, g)`` took 109 ms per 500k x 16 float32 block against ~50 ms here.  On
     the bits (any dtype of 4 or 8 bytes; NaN, -0.0 and infinities pass untouched)
-    ``where(cond, 0, b)`` is ``b & (cond - 1)`` and a general one ``b ^ ((a ^ b) * cond)``.  The
-    numpy backend's ``branch_free_where`` computes the same, but into its pooled buffers on its
-    threads: a dask worker keeps its task results (a pool would hand their memory out again) and
-    runs one task per thread, so this is the plain-numpy form.  Other dtypes, small blocks and
+    ``where(cond, 0, b)`` is ``b & (cond - 1)`` and a general one ``b ^ ((a ^ b) * cond)``
+    (``where_bits_into``, shared with the numpy backend).  The numpy backend's
+    ``branch_free_where`` writes into its pooled buffers on its threads: a dask worker keeps its
+    task results (a pool would hand their memory out again) and runs one task per thread, so here
+    the output is a plain ``np.empty``.  Other dtypes, small blocks and
     operands that are not C-contiguous (np.where would keep their layout) go to np.where.
     """
     dt = a.dtype
@@ -51,18 +47,12 @@ def where_block(cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     zero_a = a.ndim == 0 and not bits_a
     shape = np.broadcast_shapes(cond.shape, a.shape, b.shape)
     size = int(np.prod(shape))
-    if (size < (BRANCH_FREE_WHERE_MIN if zero_a else BRANCH_FREE_WHERE_GENERAL_MIN)
-            or not all(v.flags.c_contiguous for v in (cond, a, b) if v.shape == shape)):
+    # below these sizes np.where is as fast (the numpy backend's thresholds, measured there)
+    smallest = numpy_backend.BRANCH_FREE_WHERE_MIN if zero_a else numpy_backend.BRANCH_FREE_WHERE_GENERAL_MIN
+    if size < smallest or not all(v.flags.c_contiguous for v in (cond, a, b) if v.shape == shape):
         return np.where(cond, a, b)
     out = np.empty(shape, ints)
-    if zero_a:  # where(cond, 0, b) = b & (cond - 1)
-        out[...] = cond
-        out -= 1  # 0 where cond, all bits set elsewhere
-        np.bitwise_and(out, bits_b, out=out)
-    else:
-        np.bitwise_xor(bits_a, bits_b, out=out)
-        np.multiply(out, cond, out=out)  # a ^ b where cond, 0 elsewhere
-        np.bitwise_xor(out, bits_b, out=out)
+    numpy_backend.where_bits_into(out, cond, bits_a, bits_b, zero_a)
     return out.view(dt)
 
 
