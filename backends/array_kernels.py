@@ -22,7 +22,7 @@ from polygrad.runtime.backend import elementwise_kernels
 from . import parallel
 from .addcmul_kernels import addcmul_kernel
 from .addmm_kernels import addmm_kernel
-from .cross_entropy_kernels import cross_entropy_kernel
+from .cross_entropy_kernels import cross_entropy_kernel, soft_cross_entropy_kernel
 
 #: elements per temporary chunk in sparse kernels (nnz_chunk * F <= this)
 CHUNK_ELEMENTS = 1 << 22
@@ -269,6 +269,7 @@ def make_kernels(xp: Any) -> dict[tuple[Op, str], Callable]:
     table[(Op.ADDMM, "dense")] = addmm_kernel(table)
     table[(Op.ADDCMUL, "dense")] = addcmul_kernel(table)
     table[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_kernel(table, xp)
+    table[(Op.SOFT_CROSS_ENTROPY, "dense")] = soft_cross_entropy_kernel(table, xp)
     return table
 
 

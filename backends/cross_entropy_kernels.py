@@ -1,4 +1,5 @@
-"""CROSS_ENTROPY's forward kernel and fused backward, built from a backend's own forward kernels.
+"""CROSS_ENTROPY's and SOFT_CROSS_ENTROPY's forward kernels and fused backwards, built from a
+backend's own forward kernels.
 
 The composite ``pg.cross_entropy`` dispatches 12 ops forward and about as many backward, each costing
 more than its kernel on a batch's ``[32, 2]`` logits.  These run the steps of
@@ -49,6 +50,7 @@ class KernelSteps:
     def index_add(self, x: Any, index: tuple, shape: tuple) -> Any:
         return self._run(Op.INDEX_ADD, x, index=index, shape=shape)
     def expand(self, x: Any, shape: tuple) -> Any: return self._run(Op.EXPAND, x, shape=shape)
+    def reshape(self, x: Any, shape: tuple) -> Any: return self._run(Op.RESHAPE, x, shape=shape)
     def const(self, like: Any, value: float) -> Any: return self._xp.asarray(value, dtype=like.dtype)
     def detached(self, x: Any) -> Any: return x
 
@@ -74,4 +76,24 @@ def cross_entropy_vjp(kernels: KernelTable, xp: Any) -> Callable:
         return (cross_entropy.logits_grad(g, x, target, reduction, steps) if needs[0] else None,)
 
     vjp.polygrad_steps = (vjp, steps)  # type: ignore[attr-defined]
+    return vjp
+
+
+def soft_cross_entropy_kernel(kernels: KernelTable, xp: Any) -> Callable:
+    """The forward kernel ``(logits, probs, *, reduction) -> loss`` over ``kernels``."""
+    steps = KernelSteps(kernels, xp)
+
+    def kernel(x: Any, probs: Any, *, reduction: str) -> Any:
+        return cross_entropy.soft_loss(x, probs, reduction, steps)
+
+    return kernel
+
+
+def soft_cross_entropy_vjp(kernels: KernelTable, xp: Any) -> Callable:
+    """The fused backward ``(dLoss, logits, probs, *, needs, reduction) -> (dLogits, dProbs)``."""
+    steps = KernelSteps(kernels, xp)
+
+    def vjp(g: Any, x: Any, probs: Any, *, needs: tuple, reduction: str) -> tuple:
+        return cross_entropy.soft_grads(g, x, probs, reduction, needs, steps)
+
     return vjp

@@ -26,7 +26,8 @@ from . import parallel
 from .array_kernels import make_kernels
 from .addcmul_kernels import addcmul_kernel, addcmul_vjp
 from .addmm_kernels import addmm_kernel, addmm_vjp
-from .cross_entropy_kernels import cross_entropy_kernel, cross_entropy_vjp
+from .cross_entropy_kernels import (cross_entropy_kernel, cross_entropy_vjp, soft_cross_entropy_kernel,
+                                    soft_cross_entropy_vjp)
 from .kernel_view import DispatchKernels
 from .matmul_vjp import dense_matmul_vjp
 
@@ -325,10 +326,12 @@ class NumpyBackend(pg.Backend):
         self.kernels[(Op.ADDMM, "dense")] = addmm_kernel(dispatched)
         self.kernels[(Op.ADDCMUL, "dense")] = addcmul_kernel(dispatched)
         self.kernels[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_kernel(dispatched, np)
+        self.kernels[(Op.SOFT_CROSS_ENTROPY, "dense")] = soft_cross_entropy_kernel(dispatched, np)
         self.vjp_kernels[(Op.MATMUL, "dense")] = dense_matmul_vjp(dispatched)
         self.vjp_kernels[(Op.ADDMM, "dense")] = addmm_vjp(dispatched)
         self.vjp_kernels[(Op.ADDCMUL, "dense")] = addcmul_vjp(dispatched)
         self.vjp_kernels[(Op.CROSS_ENTROPY, "dense")] = cross_entropy_vjp(dispatched, np)
+        self.vjp_kernels[(Op.SOFT_CROSS_ENTROPY, "dense")] = soft_cross_entropy_vjp(dispatched, np)
         self.pool = POOL
         # from the first product on, not only from the first parallel kernel: a product's bits
         # must not depend on how many threads OpenBLAS would have chosen (polygrad.runtime.threads)

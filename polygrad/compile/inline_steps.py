@@ -135,6 +135,7 @@ class _Emitter:
     def index_add(self, x: _Ref, index: tuple, shape: tuple) -> _Ref:
         return self._run(Op.INDEX_ADD, x, index=index, shape=shape)
     def expand(self, x: _Ref, shape: tuple) -> _Ref: return self._run(Op.EXPAND, x, shape=shape)
+    def reshape(self, x: _Ref, shape: tuple) -> _Ref: return self._run(Op.RESHAPE, x, shape=shape)
     def detached(self, x: _Ref) -> _Ref: return x
 
     def const(self, like: _Ref, value: float) -> _Ref:

@@ -1,4 +1,5 @@
-"""Softmax cross-entropy over integer classes, the steps of primitive ``Op.CROSS_ENTROPY``.
+"""Softmax cross-entropy, the steps of primitives ``Op.CROSS_ENTROPY`` (integer classes) and
+``Op.SOFT_CROSS_ENTROPY`` (class probabilities).
 
 ``pg.cross_entropy(logits, target)`` is defined by its composite (``tensor/losses.py``:
 ``log_softmax`` with a detached max shift, a gather of each row's class, negation, the
@@ -19,6 +20,12 @@ against the composite with generated logits (infinities, NaNs, ties, one class, 
 
 Target classes are an attribute (an int64 array ``[N]``, validated by the caller like a
 getitem index), ``reduction`` is "mean", "sum" or "none".
+
+Class probabilities (PyTorch's "target of the input's shape") are the second input of
+``Op.SOFT_CROSS_ENTROPY``: :func:`soft_loss` and :func:`soft_grads` are the steps of the
+composite ``-(log_softmax(x) * probs).sum(-1)``, reduced, and of its backward (the rules of mul,
+sum, neg and ``log_softmax``'s ops), gradients for both inputs
+(``tests/unit/test_soft_cross_entropy_op.py``, bitwise against the composite).
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ class Steps(Protocol):
     def getitem(self, x: Any, index: tuple) -> Any: ...
     def index_add(self, x: Any, index: tuple, shape: tuple) -> Any: ...
     def expand(self, x: Any, shape: tuple) -> Any: ...
+    def reshape(self, x: Any, shape: tuple) -> Any: ...
     def const(self, like: Any, value: float) -> Any: ...
     def detached(self, x: Any) -> Any: ...
 
@@ -78,8 +86,7 @@ def loss(x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
     """The loss of logits ``x [N, C]`` at classes ``target``: ``[N]`` for "none", else ``()``."""
     shifted = _shifted(x, k)
     _, s = _exp_sum(shifted, k)
-    logp = k.add(shifted, k.neg(k.log(s)))
-    losses = k.neg(k.getitem(logp, picked_index(target)))
+    losses = k.neg(k.getitem(_logp(shifted, s, k), picked_index(target)))
     if reduction == "none":
         return losses
     total = k.sum(losses, (0,), False)
@@ -96,8 +103,50 @@ def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps) ->
     if reduction != "none":
         g = k.expand(g, (n,))
     d_logp = k.index_add(k.neg(g), picked_index(target), (n, c))  # neg rule, getitem rule
+    return _log_softmax_grad(d_logp, e, s, n, c, k)
+
+
+def _log_softmax_grad(d_logp: Any, e: Any, s: Any, n: int, c: int, k: Steps) -> Any:
+    """``d shifted`` from ``d logp [n, c]``: ``log_softmax``'s ops' rules (``e = exp(shifted)``,
+    ``s`` its row sums), which is ``dx`` (the max shift is detached)."""
     # logp = shifted + (-log s): add's rule gives d_logp to both; unbroadcast sums it to [N, 1]
     d_log = d_logp if c == 1 else k.sum(d_logp, (1,), True)
     d_s = k.mul(k.neg(d_log), k.reciprocal(s))  # neg rule, log rule
     d_e = d_s if c == 1 else k.expand(d_s, (n, c))  # sum rule
     return k.add(d_logp, k.mul(d_e, e))  # exp rule; the two paths into ``shifted`` accumulate
+
+
+def _logp(shifted: Any, s: Any, k: Steps) -> Any:
+    """``log_softmax``'s last steps: ``shifted - log(s)``, ``s`` the row sums of ``exp(shifted)``."""
+    return k.add(shifted, k.neg(k.log(s)))
+
+
+def soft_loss(x: Any, probs: Any, reduction: str, k: Steps) -> Any:
+    """The loss of logits ``x [N, C]`` at class probabilities ``probs [N, C]`` (the composite
+    ``-(log_softmax(x) * probs).sum(-1)``, then the reduction): ``[N]`` for "none", else ``()``."""
+    shifted = _shifted(x, k)
+    _, s = _exp_sum(shifted, k)
+    losses = k.neg(k.sum(k.mul(_logp(shifted, s, k), probs), (1,), False))
+    if reduction == "none":
+        return losses
+    total = k.sum(losses, (0,), False)
+    return k.mul(total, k.const(total, mean_scale(x.shape[0]))) if reduction == "mean" else total
+
+
+def soft_grads(g: Any, x: Any, probs: Any, reduction: str, needs: tuple, k: Steps) -> tuple:
+    """``(dx, dprobs)`` from the loss's gradient ``g`` (None where ``needs`` says no): the
+    composite's backward, rule by rule (the exponentials, and ``logp`` for ``dprobs``, recomputed:
+    the same kernels on the same arrays give the forward's bits)."""
+    n, c = x.shape
+    shifted = _shifted(x, k)
+    e, s = _exp_sum(shifted, k)
+    if reduction == "mean":  # mul rule (the scale is a constant), then the sum rule's expand
+        g = k.mul(g, k.const(g, mean_scale(n)))
+    if reduction != "none":
+        g = k.expand(g, (n,))
+    # neg rule, then the row sum's rule: its axis put back as size 1, expanded to the terms
+    d_terms = k.reshape(k.neg(g), (n, 1))
+    if c != 1:
+        d_terms = k.expand(d_terms, (n, c))
+    dx = _log_softmax_grad(k.mul(d_terms, probs), e, s, n, c, k) if needs[0] else None  # mul rule
+    return dx, (k.mul(d_terms, _logp(shifted, s, k)) if needs[1] else None)

@@ -406,6 +406,8 @@ class _ApplySteps:
     @staticmethod
     def expand(x, shape): return apply(Op.EXPAND, (x,), {"shape": shape})
     @staticmethod
+    def reshape(x, shape): return _reshape(x, shape)
+    @staticmethod
     def detached(x): return x._new(x._data, x._be, x.shape, x.dtype)
 
 
@@ -416,6 +418,12 @@ APPLY_STEPS = _ApplySteps()
 def _cross_entropy_rule(node, out, g):
     return (cross_entropy.logits_grad(g, node.inputs[0], node.attrs["target"], node.attrs["reduction"],
                                    APPLY_STEPS),)
+
+
+@reads(inputs=(True, True))
+def _soft_cross_entropy_rule(node, out, g):
+    x, probs = node.inputs
+    return cross_entropy.soft_grads(g, x, probs, node.attrs["reduction"], _needs(node), APPLY_STEPS)
 
 
 # The table: each op's rule is the function above named ``_<op>_rule`` (one place per op; the ops

@@ -254,6 +254,21 @@ def _cross_entropy(op, shapes, dtypes, attrs):
     return (shape[:1] if reduction == "none" else ()), dtype
 
 
+def _soft_cross_entropy(op, shapes, dtypes, attrs):
+    (shape, probs), (dtype, probs_dtype) = shapes, dtypes
+    if len(shape) != 2 or shape[1] < 1 or not is_floating(dtype):
+        raise ShapeError(f"op 'soft_cross_entropy': logits must be floating [N, C] with C >= 1, got {shape}:{dtype}")
+    if probs != shape:
+        raise ShapeError(f"op 'soft_cross_entropy': probabilities {probs} must have the logits' shape {shape}")
+    if probs_dtype != dtype:
+        raise DTypeError(f"op 'soft_cross_entropy': probabilities of dtype {probs_dtype} for logits of {dtype} "
+                         "(the front end runs the composite, which promotes)")
+    reduction = attrs["reduction"]
+    if reduction not in ("mean", "sum", "none"):
+        raise ShapeError(f"op 'soft_cross_entropy': reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return (shape[:1] if reduction == "none" else ()), dtype
+
+
 def _check_pattern_values(op, shape, pattern):
     if len(shape) != 1 or shape[0] != pattern.nnz:
         raise ShapeError(f"op '{op}': values must be 1-D with nnz={pattern.nnz} entries, got {shape}")
@@ -294,6 +309,7 @@ _RULES: dict[Op, Callable[..., Spec]] = {
     Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand,
     Op.GETITEM: _getitem, Op.INDEX_ADD: _index_add, Op.CONCAT: _concat,
     Op.MATMUL: _matmul, Op.ADDMM: _addmm, Op.ADDCMUL: _addcmul, Op.CROSS_ENTROPY: _cross_entropy,
+    Op.SOFT_CROSS_ENTROPY: _soft_cross_entropy,
     Op.SPMM: _spmm, Op.SDDMM: _sddmm, Op.SEGMENT_SUM: _segment, Op.SEGMENT_MAX: _segment,
 }
 

@@ -221,23 +221,37 @@ def _segment(values: Flat, pattern, combine: Callable) -> Flat:
             for r in range(pattern.shape[0])], (pattern.shape[0],)
 
 
-def _cross_entropy(x: Flat, target: np.ndarray, reduction: str) -> Flat:
-    """Each row's ``-(x_t - m - log sum_j exp(x_j - m))``, ``m`` the row's max taken as a constant
-    (NaN when the row has one; a non-finite max makes the row NaN), then the reduction: the
-    composite's meaning, element by element."""
-    items, (n, c) = x
+def _log_softmax_row(row: list) -> list:
+    """``x_j - m - log sum_k exp(x_k - m)`` of one row, ``m`` its max taken as a constant (NaN
+    when the row has one; a non-finite max makes the row NaN)."""
     exp, log = _UNARY[Op.EXP], _UNARY[Op.LOG]
-    losses = []
-    for i, t in enumerate(target.tolist()):
-        row = items[i * c:(i + 1) * c]
-        vals = [_val(v) for v in row]
-        m = float("nan") if any(v != v for v in vals) else max(vals)
-        shifted = [v - m for v in row]
-        losses.append(-(shifted[t] - log(_sum([exp(v) for v in shifted]))))
+    vals = [_val(v) for v in row]
+    m = float("nan") if any(v != v for v in vals) else max(vals)
+    shifted = [v - m for v in row]
+    log_sum = log(_sum([exp(v) for v in shifted]))
+    return [v - log_sum for v in shifted]
+
+
+def _reduced(losses: list, reduction: str) -> Flat:
     if reduction == "none":
-        return losses, (n,)
+        return losses, (len(losses),)
     total = _sum(losses)
-    return [total * mean_scale(n) if reduction == "mean" else total], ()
+    return [total * mean_scale(len(losses)) if reduction == "mean" else total], ()
+
+
+def _cross_entropy(x: Flat, target: np.ndarray, reduction: str) -> Flat:
+    """Each row's ``-log_softmax(row)[t]``, then the reduction: the composite's meaning, element
+    by element."""
+    items, (n, c) = x
+    return _reduced([-_log_softmax_row(items[i * c:(i + 1) * c])[t] for i, t in enumerate(target.tolist())],
+                    reduction)
+
+
+def _soft_cross_entropy(x: Flat, probs: Flat, reduction: str) -> Flat:
+    """Each row's ``-sum_j log_softmax(row)_j * p_j``, then the reduction (the composite's meaning)."""
+    (items, (n, c)), p = x, probs[0]
+    return _reduced([-_sum([lp * p[i * c + j] for j, lp in enumerate(_log_softmax_row(items[i * c:(i + 1) * c]))])
+                     for i in range(n)], reduction)
 
 
 def run(op: Op, flats: Sequence[Flat], attrs: dict) -> Flat:
@@ -285,6 +299,8 @@ def run(op: Op, flats: Sequence[Flat], attrs: dict) -> Flat:
         return run(Op.ADD, [flats[0], run(Op.MUL, [flats[1], flats[2]], {})], {})
     if op == Op.CROSS_ENTROPY:
         return _cross_entropy(flats[0], attrs["target"], attrs["reduction"])
+    if op == Op.SOFT_CROSS_ENTROPY:
+        return _soft_cross_entropy(flats[0], flats[1], attrs["reduction"])
     if op == Op.SPMM:
         return _spmm(flats[0], flats[1], attrs["pattern"])
     if op == Op.SDDMM:

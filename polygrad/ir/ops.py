@@ -62,6 +62,7 @@ class Op(str, Enum):
     ADDMM = "addmm", "fused"  # input + mat1 @ mat2 (nn.Linear's x @ W + b)
     ADDCMUL = "addcmul", "fused"  # input + tensor1 * tensor2 (GINConv's out + x * (1 + eps))
     CROSS_ENTROPY = "cross_entropy", "fused"  # pg.cross_entropy at integer classes (attrs: target, reduction)
+    SOFT_CROSS_ENTROPY = "soft_cross_entropy", "fused"  # pg.cross_entropy at class probabilities (attrs: reduction)
     SPMM = "spmm", "sparse"
     SDDMM = "sddmm", "sparse"
     SEGMENT_SUM = "segment_sum", "sparse"

@@ -7,6 +7,7 @@ keyword-only ``mask`` choosing which rows count (the training nodes of a graph).
 Cross-entropy at integer classes with no weight, no smoothing and no ignored row runs as one
 primitive, ``Op.CROSS_ENTROPY``, on a backend that has its kernel: the composite's own steps
 without their two dozen dispatches (:mod:`polygrad.engine.cross_entropy`), the same bits;
+at class probabilities with no weight and no smoothing, likewise ``Op.SOFT_CROSS_ENTROPY``;
 elsewhere, and with the other options, the composite itself.
 """
 from __future__ import annotations
@@ -194,6 +195,10 @@ def _soft_cross_entropy(input: Tensor, probs: Tensor, w: np.ndarray | None, redu
     divides by ``N`` (NaN for no rows), whatever the weights."""
     if probs.shape != input.shape:
         raise ShapeError(f"cross_entropy: probability targets {probs.shape} must match input {input.shape}")
+    if w is None and eps == 0.0:  # the plain case: one fused op where it can
+        fused = _fused_soft_cross_entropy(input, probs, reduction)
+        if fused is not None:
+            return fused
     logp = log_softmax(input, -1)
     if eps > 0.0:
         probs = probs * (1.0 - eps) + eps / input.shape[1]
@@ -288,7 +293,27 @@ def _fused_cross_entropy(logits: Tensor, idx: np.ndarray, reduction: str) -> Ten
     return apply(Op.CROSS_ENTROPY, (logits,), {"target": idx, "reduction": reduction})
 
 
-def _ALL(array: Any) -> bool:  # noqa: N802 - a constant predicate
+_SOFT_KEY = (Op.SOFT_CROSS_ENTROPY, "dense")
+
+
+def _fused_soft_cross_entropy(logits: Tensor, probs: Tensor, reduction: str) -> Tensor | None:
+    """The loss as one ``Op.SOFT_CROSS_ENTROPY`` where it gives the composite's result: dense
+    floating logits and probabilities of one dtype on one backend with the op's kernel, a known
+    reduction, and probabilities that take no gradient or are a leaf of their own (a gradient
+    that reaches the logits by two paths would be accumulated in another order); None where the
+    composite must run."""
+    if (is_sparse(logits) or is_sparse(probs) or logits.dtype.kind != "f" or probs.dtype != logits.dtype
+            or probs._be is not logits._be or logits.shape[1] < 1 or reduction not in ("mean", "sum", "none")
+            or probs is logits or (probs.requires_grad and not probs.is_leaf)):
+        return None
+    kernel = registry.tables.get(logits._be.name, _NONE).get(_SOFT_KEY)
+    # as for Op.CROSS_ENTROPY: a kernel may serve only some arrays (``kernel.accepts(logits, probs)``)
+    if kernel is None or not getattr(kernel, "accepts", _ALL)(logits._data, probs._data):
+        return None
+    return apply(Op.SOFT_CROSS_ENTROPY, (logits, probs), {"reduction": reduction})
+
+
+def _ALL(*arrays: Any) -> bool:  # noqa: N802 - a constant predicate
     return True
 
 

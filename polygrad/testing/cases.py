@@ -298,6 +298,17 @@ def _dense_cases() -> list[Case]:
         add(Case(Op.CROSS_ENTROPY, reduction, (_normal((4, 3), 640 + i),), {"target": classes, "reduction": reduction}))
     add(Case(Op.CROSS_ENTROPY, "one_class", (_normal((3, 1), 643),),
              {"target": np.zeros(3, dtype=np.int64), "reduction": "mean"}))
+    # soft cross-entropy: probabilities (rows summing to one), each reduction, one class, no rows
+    def probabilities(shape: tuple, seed: int) -> np.ndarray:
+        e = np.exp(_normal(shape, seed))
+        return e / e.sum(-1, keepdims=True)
+
+    for i, reduction in enumerate(("mean", "sum", "none")):
+        add(Case(Op.SOFT_CROSS_ENTROPY, reduction, (_normal((4, 3), 650 + i), probabilities((4, 3), 660 + i)),
+                 {"reduction": reduction}))
+    add(Case(Op.SOFT_CROSS_ENTROPY, "one_class", (_normal((3, 1), 653), probabilities((3, 1), 663)),
+             {"reduction": "mean"}))
+    add(Case(Op.SOFT_CROSS_ENTROPY, "no_rows", (_normal((0, 2), 654), _normal((0, 2), 664)), {"reduction": "sum"}))
     add(Case(Op.CROSS_ENTROPY, "no_rows", (_normal((0, 2), 644),),
              {"target": np.zeros(0, dtype=np.int64), "reduction": "sum"}))
     return C
@@ -415,6 +426,10 @@ def _dense_bad_cases() -> list[BadCase]:
     add(BadCase(Op.CROSS_ENTROPY, "target_rows", (f,), {"target": np.array([0, 1, 2]), **mean}))
     add(BadCase(Op.CROSS_ENTROPY, "vector_logits", (np.ones(3),), {"target": np.array([0, 1, 2]), **mean}))
     add(BadCase(Op.CROSS_ENTROPY, "reduction", (f,), {"target": np.array([0, 1]), "reduction": "max"}))
+    add(BadCase(Op.SOFT_CROSS_ENTROPY, "probs_shape", (f, np.ones((3, 2))), mean))
+    add(BadCase(Op.SOFT_CROSS_ENTROPY, "probs_dtype", (f, f.astype(np.float32)), mean, error=DTypeError))
+    add(BadCase(Op.SOFT_CROSS_ENTROPY, "vector_logits", (np.ones(3), np.ones(3)), mean))
+    add(BadCase(Op.SOFT_CROSS_ENTROPY, "reduction", (f, f), {"reduction": "max"}))
     return B
 
 

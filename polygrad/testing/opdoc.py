@@ -249,6 +249,22 @@ SPECS: dict[Op, OpSpec] = {
                "No rows: mean is NaN, sum is 0."),
         examples=(Example("mean over two rows", (np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]),),
                           {"target": np.array([1, 0]), "reduction": "mean"}),)),
+    Op.SOFT_CROSS_ENTROPY: OpSpec(
+        "Softmax cross-entropy at class probabilities: `-sum_j log_softmax(x)[i, j] * probs[i, j]`, reduced",
+        "x (floating, [N, C]), probs (x's shape and dtype)",
+        attrs=(("reduction", "str", '"mean", "sum" or "none"'),),
+        output='() for "mean" and "sum", [N] for "none"; dtype of x',
+        edges=("Must give the bits of pg.cross_entropy's composite at probability targets: `log_softmax(x)` "
+               "(each row shifted by its max), times probs, each row's sum negated, then summed (times 1/N for "
+               "mean); gradients for both inputs. `backends/cross_entropy_kernels.py` builds such a kernel from "
+               "a backend's own.",
+               "A kernel that serves only some arrays with those bits sets `kernel.accepts = predicate` "
+               "(called with the logits and the probabilities), as for cross_entropy.",
+               "Probabilities are taken as given (rows need not sum to one, as in PyTorch). No rows: mean is NaN, "
+               "sum is 0."),
+        examples=(Example("mean over two rows", (np.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0]]),
+                                                 np.array([[0.0, 1.0, 0.0], [0.5, 0.25, 0.25]])),
+                          {"reduction": "mean"}),)),
     Op.SPMM: OpSpec("Sparse @ dense: `A @ X` with `A = (pattern, values)`", "values (1-D, nnz), x (1-D or 2-D)",
                     attrs=(_PATTERN_ATTR,),
                     output="(pattern rows,) + x.shape[1:]; promoted dtype of values and x",
@@ -286,7 +302,7 @@ def _group(op: Op) -> str:
                           ("sparse", SPARSE)):
         if op in members:
             return name
-    if op == Op.CROSS_ENTROPY:
+    if op in (Op.CROSS_ENTROPY, Op.SOFT_CROSS_ENTROPY):
         return "loss"
     if op == Op.ADDMM:
         return "linear algebra (fused)"

@@ -35,6 +35,11 @@ OP_PLACES: dict[str, str] = {
 }
 
 
+#: primitive ops whose user-facing function has another name: PyTorch's ``cross_entropy`` takes class
+#: probabilities as well as classes, and polygrad keeps its one name for both
+USER_FACING = {"soft_cross_entropy": "cross_entropy"}
+
+
 def missing_places(op) -> list[str]:
     """Where primitive ``op`` (an Op, or the name of one being added) is not defined yet: one line
     per place, starting with the file (a key of OP_PLACES)."""
@@ -57,7 +62,8 @@ def missing_places(op) -> list[str]:
         missing.append(f"polygrad/engine/grad_rules.py: no VJP rule _{name}_rule (and the op is not \"no_grad\")")
     if op in FLOAT_UNARY and not hasattr(Value, name):
         missing.append(f"polygrad/engine/value.py: no Value.{name} (add it with value.unary)")
-    if not (hasattr(tensor.Tensor, name) or hasattr(tensor.Tensor, f"__{name}__") or hasattr(tensor, name)):
+    user = USER_FACING.get(name, name)
+    if not (hasattr(tensor.Tensor, user) or hasattr(tensor.Tensor, f"__{user}__") or hasattr(tensor, user)):
         missing.append(f"polygrad/tensor/tensor_class.py: no Tensor.{name} method or polygrad.tensor.{name}")
     if op not in opdoc.SPECS:
         missing.append(f"polygrad/testing/opdoc.py: no SPECS entry for {name}")

@@ -64,6 +64,8 @@ class DaskBackend(pg.Backend):
         # the loss's per-row work as one task per row block (the composite's bits, loss_kernels)
         self.kernels[(Op.CROSS_ENTROPY, "dense")] = loss_kernels.cross_entropy_kernel
         self.vjp_kernels[(Op.CROSS_ENTROPY, "dense")] = loss_kernels.cross_entropy_vjp
+        self.kernels[(Op.SOFT_CROSS_ENTROPY, "dense")] = loss_kernels.soft_cross_entropy_kernel
+        self.vjp_kernels[(Op.SOFT_CROSS_ENTROPY, "dense")] = loss_kernels.soft_cross_entropy_vjp
         if partitions is not None:
             chunks.set_partitions(partitions)
 

@@ -1,4 +1,5 @@
-"""``Op.CROSS_ENTROPY`` on dask: one task per row block forward and backward, the composite's bits.
+"""``Op.CROSS_ENTROPY`` and ``Op.SOFT_CROSS_ENTROPY`` on dask: one task per row block forward and
+backward, the composite's bits.
 
 Without a kernel, ``pg.cross_entropy(logits, classes)`` on dask runs its composite: some 40
 dask tasks of a few microseconds each (max, its aggregate, neg, add, exp, sum, its aggregate,
@@ -16,6 +17,12 @@ chunks), and "sum"/"mean" reduce them as the composite does: dask's own ``sum`` 
 then the mean's multiply -- in one task where the losses are one chunk (the common case: a
 ``vindex`` output chunk holds ``max(row block) * C`` points).  ``tests/test_fused_loss.py``
 checks loss and gradient bitwise against the composite on generated logits.
+
+Class probabilities (``Op.SOFT_CROSS_ENTROPY``) go the same way: one task per row block gives its
+rows' losses -- or, for "sum" and "mean", their partial sum, dask's chunk step -- and one task
+adds the partials as dask's aggregate does and applies the mean's multiply (so 3 tasks forward for
+2 blocks, where the composite made about 25); the backward is one task per block for both
+gradients.  The probabilities must come in the logits' own blocks.
 
 Logits that are not float32/float64, are split along the class axis, have an empty row block or
 no rows run the same steps over the backend's own dask kernels instead: the composite's
@@ -77,11 +84,16 @@ def _block_expand(x: np.ndarray, *, shape: tuple) -> np.ndarray:
     return np.broadcast_to(x, shape)
 
 
+def _block_reshape(x: np.ndarray, *, shape: tuple) -> np.ndarray:
+    return np.reshape(x, shape)
+
+
 #: what each step of the composite runs on one row block under dask (its kernels' per-block calls)
 BLOCK_KERNELS: dict = {
     **{(op, "dense"): fn for op, fn in elementwise_kernels(np).items()},
     (Op.SUM, "dense"): _block_sum, (Op.MAX, "dense"): _block_max, (Op.GETITEM, "dense"): _block_getitem,
     (Op.INDEX_ADD, "dense"): _block_index_add, (Op.EXPAND, "dense"): _block_expand,
+    (Op.RESHAPE, "dense"): _block_reshape,
 }
 BLOCK_STEPS = KernelSteps(BLOCK_KERNELS, np)
 #: plain numpy steps, for logits with no rows (numpy's max of an empty block is its ``(0, 1)``)
@@ -208,6 +220,96 @@ def cross_entropy_vjp(g: da.Array, x: da.Array, *, needs: tuple, target: np.ndar
     return (_stacked("cross-entropy-grad", _block_grad, calls, x.chunks, x.dtype),)
 
 
+# -- class probabilities (Op.SOFT_CROSS_ENTROPY) ------------------------------------------------------
+
+#: most row blocks whose partial sums one aggregate adds: dask's default ``split_every`` (4) makes a
+#: sum over this many chunks one aggregate; over more, the losses go through dask's own sum
+ONE_LEVEL_BLOCKS = 4
+
+
+def _block_soft_losses(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """The rows' losses ``[rows]`` of one block (reduction "none")."""
+    return np.asarray(cross_entropy.soft_loss(x, probs, "none", BLOCK_STEPS))
+
+
+def _block_soft_partial(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """The block's rows' losses summed as ``da.sum``'s chunk step sums them (``[1]``)."""
+    losses = _block_soft_losses(x, probs)
+    return np.sum(losses, axis=(0,), keepdims=True, dtype=_sum_dtype(losses.dtype))
+
+
+def _soft_total(dtype: np.dtype, scale: float | None, *partials: np.ndarray) -> np.ndarray:
+    """``da.sum``'s aggregate over the blocks' partials (one level: at most ``ONE_LEVEL_BLOCKS``),
+    then the mean's multiply by its constant (``scale``; None for "sum")."""
+    total = np.sum(np.concatenate(partials), axis=(0,), keepdims=False, dtype=_sum_dtype(np.dtype(dtype)))
+    return total if scale is None else np.multiply(total, np.asarray(scale, dtype=dtype))
+
+
+def _block_soft_grad(g: np.ndarray, x: np.ndarray, probs: np.ndarray, reduction: str, scale: float | None,
+                     which: int) -> np.ndarray:
+    """Input ``which``'s gradient (0: the logits, 1: the probabilities) on one block, as
+    :func:`_block_grad` (a task per gradient: the common step needs only the logits')."""
+    if scale is not None:
+        g = np.multiply(g, np.asarray(scale, dtype=g.dtype))
+    needs = (which == 0, which == 1)
+    grads = cross_entropy.soft_grads(g, x, probs, "none" if reduction == "none" else "sum", needs, BLOCK_STEPS)
+    return np.asarray(grads[which])
+
+
+def _serves_pair(x: Any, probs: Any) -> bool:
+    """:func:`_serves` for the logits, and probabilities of their dtype in their very blocks (the
+    composite's multiply would otherwise re-split the rows, and its sum add other blocks)."""
+    return (_serves(x) and isinstance(probs, da.Array) and probs.dtype == x.dtype and probs.shape == x.shape
+            and probs.chunks == x.chunks)
+
+
+def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -> da.Array:
+    """Forward ``Op.SOFT_CROSS_ENTROPY``: one task per row block, then one aggregate for "sum" and
+    "mean" (the composite's reduction, bit for bit)."""
+    n = x.shape[0]
+    if n == 0 and x.ndim == 2:  # no rows: numpy's loss (0 for "sum", NaN for "mean")
+        empty = np.zeros(x.shape, x.dtype)
+        return da.from_array(np.asarray(cross_entropy.soft_loss(empty, empty, reduction, NUMPY_STEPS)))
+    if not _serves_pair(x, probs):
+        return cross_entropy.soft_loss(x, probs, reduction, _dask_steps())
+    pairs = list(zip(_row_blocks(x), _row_blocks(probs)))
+    scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
+    if reduction != "none" and len(pairs) <= ONE_LEVEL_BLOCKS:
+        partials = _stacked("soft-cross-entropy-partial", _block_soft_partial, pairs, ((1,) * len(pairs),), x.dtype)
+        name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
+        with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
+            total = dask.delayed(_soft_total, pure=False)(
+                x.dtype, scale, *partials.to_delayed(optimize_graph=False), dask_key_name=(name,))
+        return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
+    losses = _stacked("soft-cross-entropy-rows", _block_soft_losses, pairs, (x.chunks[0],), x.dtype)
+    if reduction == "none":
+        return losses
+    total = losses.sum(axis=(0,), keepdims=False)  # dense_kernels.reduce_sum's call
+    return total if scale is None else da.multiply(total, np.asarray(scale, dtype=x.dtype))
+
+
+def soft_cross_entropy_vjp(g: da.Array, x: da.Array, probs: da.Array, *, needs: tuple, reduction: str) -> tuple:
+    """Fused backward: both gradients from one task per row block (the composite's rule steps)."""
+    if not any(needs):
+        return (None, None)
+    if x.shape[0] == 0:
+        zeros = da.zeros(x.shape, dtype=x.dtype)
+        return (zeros if needs[0] else None, zeros if needs[1] else None)
+    if not _serves_pair(x, probs) or g.dtype != x.dtype:
+        return cross_entropy.soft_grads(g, x, probs, reduction, needs, _dask_steps())
+    if reduction == "none":
+        gs = list(g.rechunk((x.chunks[0],)).to_delayed(optimize_graph=False))
+    else:
+        gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
+    scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None
+    blocks = list(zip(gs, _row_blocks(x), _row_blocks(probs)))
+    out = []
+    for which, need in enumerate(needs):
+        calls = [(gb, xb, pb, reduction, scale, which) for gb, xb, pb in blocks]
+        out.append(_stacked("soft-cross-entropy-grad", _block_soft_grad, calls, x.chunks, x.dtype) if need else None)
+    return tuple(out)
+
+
 # pg.cross_entropy asks before it uses the op (polygrad.tensor.losses): logits the per-block path
 # cannot serve with the composite's bits and chunks run the composite itself, not its steps here
 def _accepts(x: Any) -> bool:
@@ -218,4 +320,14 @@ def _accepts(x: Any) -> bool:
 
 cross_entropy_kernel.accepts = _accepts  # type: ignore[attr-defined]
 
-__all__ = ["cross_entropy_kernel", "cross_entropy_vjp", "vindex_chunks", "BLOCK_STEPS"]
+
+def _accepts_pair(x: Any, probs: Any) -> bool:
+    """Logits and probabilities the soft op takes: those the per-block path serves, and no rows."""
+    return (isinstance(x, da.Array) and isinstance(probs, da.Array) and x.ndim == 2
+            and (x.shape[0] == 0 or _serves_pair(x, probs)))
+
+
+soft_cross_entropy_kernel.accepts = _accepts_pair  # type: ignore[attr-defined]
+
+__all__ = ["cross_entropy_kernel", "cross_entropy_vjp", "soft_cross_entropy_kernel", "soft_cross_entropy_vjp",
+           "vindex_chunks", "BLOCK_STEPS"]

@@ -1,8 +1,9 @@
-"""``Op.CROSS_ENTROPY`` on dask (``polygrad_dask.loss_kernels``) against the composite it replaces on
-dask, bit for bit: loss and logits gradient for generated logits (NaN, infinities, -0.0, huge
-values, one class), float32 and float64 (float16: the dask kernels' path), 1-4 row blocks of
-uneven sizes, every reduction, zero and NaN upstream gradients; and a GCN trained on the dask
-backend with and without the fused op ends with the same parameter bytes.
+"""``Op.CROSS_ENTROPY`` and ``Op.SOFT_CROSS_ENTROPY`` on dask (``polygrad_dask.loss_kernels``)
+against the composite they replace on dask, bit for bit: loss and gradients for generated logits
+(NaN, infinities, -0.0, huge values, one class), float32 and float64 (float16: the dask kernels'
+path), 1-4 (soft: 1-6) row blocks of uneven sizes, every reduction, zero and NaN upstream
+gradients; and a GCN trained on the dask backend with and without the fused op ends with the
+same parameter bytes.
 
 The composite is what the backend ran before the op had a kernel: :func:`composite_cross_entropy`
 takes the kernel and its fused backward out of the registry's tables for the block, so
@@ -35,6 +36,7 @@ from polygrad.ir.ops import Op  # noqa: E402
 from polygrad.runtime.registry import registry  # noqa: E402
 
 KEY = (Op.CROSS_ENTROPY, "dense")
+SOFT_KEY = (Op.SOFT_CROSS_ENTROPY, "dense")
 SPECIALS = [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 3e38, -3e38, 1e-45]
 
 
@@ -64,16 +66,16 @@ def dask_cluster():
 
 
 @contextlib.contextmanager
-def composite_cross_entropy():
-    """The dask backend without its cross-entropy kernels: ``pg.cross_entropy`` runs the composite
-    (the decision reads the forward table), backward by the composite's rules."""
-    forward = registry.tables["dask"].pop(KEY)
-    backward = registry.vjp_tables["dask"].pop(KEY)
+def composite_cross_entropy(key: tuple = KEY):
+    """The dask backend without a cross-entropy op's kernels: ``pg.cross_entropy`` runs the
+    composite (the decision reads the forward table), backward by the composite's rules."""
+    forward = registry.tables["dask"].pop(key)
+    backward = registry.vjp_tables["dask"].pop(key)
     try:
         yield
     finally:
-        registry.tables["dask"][KEY] = forward
-        registry.vjp_tables["dask"][KEY] = backward
+        registry.tables["dask"][key] = forward
+        registry.vjp_tables["dask"][key] = backward
 
 
 def _loss_and_grad(x: np.ndarray, target: np.ndarray, reduction: str, g: float) -> tuple:
@@ -170,7 +172,7 @@ def test_no_rows_gives_numpys_loss(reduction):
         assert pg.stats()["fallbacks_total"] == 0
 
 
-def _train_gcn(partitions: int) -> bytes:
+def _train_gcn(partitions: int, soft: bool = False) -> bytes:
     """Parameter bytes after a few Adam steps of a two-layer GCN on a small random graph (dask):
     61 rows in ``partitions`` row blocks, the 3-class bias and logits' columns whole (blocks of at
     least 4 rows), as in a real run, so the fused loss serves."""
@@ -183,6 +185,8 @@ def _train_gcn(partitions: int) -> bytes:
         adj = pg.gcn_norm(pg.from_edge_index(edges, n))
         x = pg.tensor(rng.standard_normal((n, 6)).astype(np.float32))
         target = rng.integers(0, 3, n)
+        if soft:  # one-hot probabilities, made on the backend in its row blocks
+            target = pg.tensor(np.eye(3, dtype=np.float32)[target])
         pg.manual_seed(0)
         conv1, conv2 = nn.GCNConv(6, 8, normalize=False), nn.GCNConv(8, 3, normalize=False)
 
@@ -281,3 +285,145 @@ def test_many_rows_sum_pairwise_as_the_composite(dtype):
         with composite_cross_entropy():
             composite = _loss_and_grad(x, target, reduction, 1.0)
         assert fused == composite
+
+
+# -- class probabilities: Op.SOFT_CROSS_ENTROPY ------------------------------------------------------
+
+def _soft_loss_and_grads(x: np.ndarray, probs: np.ndarray, reduction: str, g: float, probs_grad: bool,
+                         chunks: tuple | None = None) -> tuple:
+    """(loss bytes, logits gradient bytes and chunks, probabilities gradient bytes, the loss's
+    chunks, the op the loss came from); ``chunks``: the arrays' own (``from_backend``)."""
+    import dask.array as da
+
+    with pg.use_backend("dask"):
+        if chunks is None:
+            logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs, requires_grad=probs_grad)
+        else:
+            logits = pg.Tensor.from_backend(da.from_array(x, chunks=chunks), "dask", requires_grad=True)
+            target = pg.Tensor.from_backend(da.from_array(probs, chunks=chunks), "dask", requires_grad=probs_grad)
+        loss = nn.cross_entropy(logits, target, reduction=reduction)
+        loss.backward(pg.tensor(np.full(loss.shape, g, dtype=x.dtype)))
+        dprobs = target.grad.numpy().tobytes() if probs_grad else None
+        return (loss.numpy().tobytes(), logits.grad.numpy().tobytes(), logits.grad._data.chunks, dprobs,
+                loss._data.chunks, loss._node.op)
+
+
+@st.composite
+def soft_problems(draw):
+    x, _ = draw(problems())
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    kind = draw(st.sampled_from(["one-hot", "dirichlet", "any"]))
+    n, c = x.shape
+    if kind == "one-hot":
+        probs = np.eye(c)[rng.integers(0, c, n)]
+    elif kind == "dirichlet":
+        probs = rng.dirichlet(np.ones(c), size=n)
+    else:  # PyTorch takes any numbers; specials too
+        probs = rng.standard_normal((n, c)) * 3
+        hit = rng.random((n, c)) < 0.1
+        probs[hit] = rng.choice(SPECIALS, int(hit.sum()))
+    with np.errstate(over="ignore"):
+        return x, probs.astype(x.dtype)
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=soft_problems(), partitions=st.integers(1, 6), reduction=st.sampled_from(["mean", "sum", "none"]),
+       g=st.sampled_from([1.0, 0.0, -0.0, 2.5, np.nan]), probs_grad=st.booleans())
+def test_fused_soft_cross_entropy_is_the_composite_bit_for_bit(problem, partitions, reduction, g, probs_grad):
+    """Up to 6 row blocks: over 4 (``ONE_LEVEL_BLOCKS``) the sum goes through dask's own tree."""
+    x, probs = problem
+    polygrad_dask.chunks.set_partitions(partitions)
+    fused = _soft_loss_and_grads(x, probs, reduction, g, probs_grad)
+    with composite_cross_entropy(SOFT_KEY):
+        composite = _soft_loss_and_grads(x, probs, reduction, g, probs_grad)
+    # float16 logits are not the per-block path's: they run the composite itself (``accepts``)
+    assert (fused[-1] == Op.SOFT_CROSS_ENTROPY) == (x.dtype != np.float16)
+    assert composite[-1] != Op.SOFT_CROSS_ENTROPY
+    assert fused[:-1] == composite[:-1]
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_the_fused_soft_op_runs_a_task_per_row_block():
+    """2 row blocks: the loss is 2 block tasks and one total (the composite builds about 25), its
+    backward one task per block (only the logits take a gradient)."""
+    polygrad_dask.chunks.set_partitions(2)
+    rng = np.random.default_rng(2)
+    x, probs = rng.standard_normal((40, 4)), np.eye(4)[np.arange(40) % 4]
+    with pg.use_backend("dask"):
+        logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs)
+        base = len(logits._data.__dask_graph__()) + len(target._data.__dask_graph__())
+        loss = nn.cross_entropy(logits, target)
+        assert loss._node.op == Op.SOFT_CROSS_ENTROPY
+        assert len(loss._data.__dask_graph__()) - base == 3
+        loss.backward()
+        grad_graph = logits.grad._data.__dask_graph__()
+        assert sum(1 for k in grad_graph if isinstance(k, tuple) and "soft-cross-entropy-grad" in k[0]) == 2
+        with composite_cross_entropy(SOFT_KEY):
+            slow = nn.cross_entropy(logits, target)
+        assert len(slow._data.__dask_graph__()) - base > 15
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("rows", [None, (3000, 4000), (1000, 3000, 3000)])
+def test_soft_targets_in_other_row_blocks_run_the_composite(rows):
+    """Arrays in row blocks that are not the backend's own: the composite's chunks are part of the
+    bits (a later ``x.T @ g``), so the op serves only the backend's blocks (``accepts``)."""
+    import dask.array as da
+
+    from polygrad_dask import loss_kernels
+
+    polygrad_dask.chunks.set_partitions(4)
+    rng = np.random.default_rng(3)
+    n, c = 7000, 8
+    x = rng.standard_normal((n, c)).astype(np.float32)
+    probs = np.eye(c, dtype=np.float32)[rng.integers(0, c, n)]
+    chunks = (polygrad_dask.chunks.row_chunks(n) if rows is None else rows, (c,))
+    own = da.from_array(x, chunks=(polygrad_dask.chunks.row_chunks(n), (c,)))
+    assert loss_kernels._accepts_pair(da.from_array(x, chunks=chunks), da.from_array(probs, chunks=chunks)) == (
+        rows is None)
+    assert not loss_kernels._accepts_pair(own, da.from_array(probs, chunks=(rows or (7000,), (c,))))
+    fused = _soft_loss_and_grads(x, probs, "mean", 1.0, True, chunks)
+    with composite_cross_entropy(SOFT_KEY):
+        composite = _soft_loss_and_grads(x, probs, "mean", 1.0, True, chunks)
+    assert fused[:-1] == composite[:-1]
+    assert (fused[-1] == Op.SOFT_CROSS_ENTROPY) == (rows is None)
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_soft_loss_of_no_rows_gives_numpys_loss(reduction):
+    x = np.zeros((0, 3), dtype=np.float32)
+    want = nn.cross_entropy(pg.tensor(x, backend="numpy"), pg.tensor(x, backend="numpy"), reduction=reduction)
+    with pg.use_backend("dask"):
+        pg.reset_stats()
+        logits, target = pg.tensor(x, requires_grad=True), pg.tensor(x, requires_grad=True)
+        loss = nn.cross_entropy(logits, target, reduction=reduction)
+        loss.sum().backward()
+        assert loss.numpy().tobytes() == want.numpy().tobytes() and loss.dtype == want.dtype
+        assert logits.grad.shape == (0, 3) and target.grad.shape == (0, 3)
+        assert pg.stats()["fallbacks_total"] == 0
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_gcn_training_with_the_fused_soft_loss_gives_the_same_parameters(monkeypatch):
+    """The benchmark's case: one-hot probability targets in the backend's row blocks."""
+    from polygrad_dask import loss_kernels
+
+    served: list = []
+    stacked = loss_kernels._stacked
+
+    def counted(prefix, *args, **kwargs):
+        served.append(prefix)
+        return stacked(prefix, *args, **kwargs)
+
+    monkeypatch.setattr(loss_kernels, "_stacked", counted)
+    try:
+        fused = _train_gcn(3, soft=True)
+        assert served.count("soft-cross-entropy-partial") == 3 and served.count("soft-cross-entropy-grad") == 3, \
+            served
+        with composite_cross_entropy(SOFT_KEY):
+            composite = _train_gcn(3, soft=True)
+    finally:
+        polygrad_dask.chunks.min_block_rows = 1
+    assert fused == composite
