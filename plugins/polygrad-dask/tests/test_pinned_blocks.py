@@ -588,9 +588,9 @@ def test_a_nearly_whole_halo_is_taken_whole_with_the_same_bits(client, monkeypat
         part = polygrad_dask.partition.partition_of(a.pattern)
         values = da.from_array(np.linspace(0.5, 1.5, int(a.pattern.nnz)), chunks=(part.nnz_chunks,))
         xd = da.from_array(x, chunks=(part.row_chunks, (f,)))
-        products = (sk.spmm_partition(part, values, xd), sk.spmm_t_partition(part, values, xd),
-                    sk.sddmm_partition(part, xd, xd))
-        parts.append((part, _task_kinds(products[0]), _task_kinds(products[2])))
+        dvalues, dx = sk.spmm_vjp(xd, values, xd, needs=(True, True), pattern=a.pattern)   # SDDMM, A.T @ G
+        products = (sk.spmm(values, xd, pattern=a.pattern), dx, dvalues)
+        parts.append((part, _task_kinds(products[0]), _task_kinds(dvalues)))
         results.append([r.compute() for r in products])
     (gathered, gathered_kinds, _), (whole, whole_kinds, sddmm_kinds) = parts
     rows = n // 2
