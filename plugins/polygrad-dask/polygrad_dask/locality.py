@@ -24,7 +24,7 @@ from scipy.sparse import csgraph
 
 from polygrad.errors import DataError
 
-from . import chunks
+from . import chunks, partition
 
 METHODS = ("contiguous", "rcm", "degree")
 
@@ -73,7 +73,8 @@ def halo_stats(edge_index: Any, num_nodes: int, partitions: int | None = None) -
     blocks (default: the backend's count; rows are ``edge_index[0]``, as ``pg.from_edge_index``): ``cut_edges``
     (edges between blocks), ``cut_fraction``, and ``halo_rows`` -- the remote rows all blocks
     fetch per SpMM (a product with F columns of itemsize b moves ``halo_rows * F * b`` bytes, its
-    transpose the same) -- and ``edge_imbalance``, the most edges in one block over the mean: an
+    transpose the same; a nearly complete halo counts as its whole block, which the partition then
+    takes: ``partition.WHOLE_HALO_FRACTION``) -- and ``edge_imbalance``, the most edges in one block over the mean: an
     ordering that cuts few edges by piling them into one block has not helped."""
     ei = _edges(edge_index, num_nodes, "halo_stats")
     n, blocks = int(num_nodes), max(int(partitions or chunks.partitions), 1)
@@ -85,7 +86,14 @@ def halo_stats(edge_index: Any, num_nodes: int, partitions: int | None = None) -
     cut = int(cross.sum())
     # distinct (row block, remote column) pairs: each is one row fetched per product
     pairs = np.unique(row_block[cross].astype(np.int64) * max(n, 1) + ei[1][cross])
+    # ... counted per (row block, column block), and as the whole column block where the partition
+    # takes it whole (a nearly complete halo: partition.takes_whole)
+    pair_col_block = np.searchsorted(bounds[1:-1], pairs % max(n, 1), side="right")
+    counts = np.bincount((pairs // max(n, 1)) * blocks + pair_col_block, minlength=blocks * blocks)
+    sizes = np.diff(bounds)
+    halo = sum(int(sizes[k % blocks]) if partition.takes_whole(int(c), int(sizes[k % blocks])) else int(c)
+               for k, c in enumerate(counts) if c)
     per_block = np.bincount(row_block, minlength=blocks)
     return {"partitions": blocks, "edges": int(ei.shape[1]), "cut_edges": cut,
-            "cut_fraction": cut / max(int(ei.shape[1]), 1), "halo_rows": int(pairs.shape[0]),
+            "cut_fraction": cut / max(int(ei.shape[1]), 1), "halo_rows": int(halo),
             "edge_imbalance": float(per_block.max() / max(per_block.mean(), 1e-30)) if ei.size else 1.0}

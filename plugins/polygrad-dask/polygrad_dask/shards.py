@@ -33,7 +33,7 @@ from polygrad.errors import DataError, MemoryBudgetError
 from polygrad.sparse import SparseTensor
 from polygrad.tensor import sddmm
 
-from . import chunks, cluster, locality, memcap
+from . import chunks, cluster, locality, memcap, partition
 from .partition import DistributedPattern, RowBlock, build_block, finish
 
 FORMAT = "polygrad-edge-shards"
@@ -200,7 +200,7 @@ def _read_arrays(path: str, i: int, n: int, dtype: Any) -> tuple[np.ndarray, np.
 
 
 def _read_block(path: str, i: int, lo: int, hi: int, col_bounds: tuple, self_loops: bool,
-                dtype: Any) -> tuple[RowBlock, np.ndarray]:
+                dtype: Any, whole_fraction: float | None = None) -> tuple[RowBlock, np.ndarray]:
     """On a worker: shard ``i`` as a canonical RowBlock (duplicates summed) and its values.
 
     Ids are narrowed to int32 when the graph allows and the CSR is built by scipy's COO -> CSR
@@ -226,7 +226,7 @@ def _read_block(path: str, i: int, lo: int, hi: int, col_bounds: tuple, self_loo
     csr = sp.csr_matrix((vals, (local, cols)), shape=(n, width))   # duplicates summed, sorted
     del local, cols, vals
     csr.sum_duplicates()
-    block = build_block(csr.indptr, csr.indices, col_bounds, i, i)
+    block = build_block(csr.indptr, csr.indices, col_bounds, i, i, whole_fraction)
     return block, csr.data
 
 
@@ -257,7 +257,9 @@ def load_edge_shards(path: "str | os.PathLike", *, add_self_loops: bool = False,
     dt = np.dtype(dtype) if dtype is not None else np.dtype(pg.default_float)
     client = cluster.client()
     where = os.fspath(Path(path).resolve())
-    pairs = [client.submit(_read_block, where, i, a, b, bounds, add_self_loops, dt, pure=False,
+    # the client's whole-halo threshold (a worker process would read its own module's default)
+    pairs = [client.submit(_read_block, where, i, a, b, bounds, add_self_loops, dt, partition.WHOLE_HALO_FRACTION,
+                           pure=False,
                            **cluster.placed(client, i))
              for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
     blocks = tuple(client.submit(_first, p, **cluster.placed(client, i)) for i, p in enumerate(pairs))

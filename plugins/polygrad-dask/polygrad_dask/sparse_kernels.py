@@ -16,7 +16,10 @@ pattern).  Every kernel task on block ``i`` asks for that worker (``cluster.pinn
 * ``segment_sum`` / ``segment_max``  one ``reduceat`` per row block on its own values
 
 so the traffic of a product with F columns is ``sum(halo rows) * F * itemsize``, bounded by the
-edge cut (and by the rows of the other blocks), never N.  Terms are added in a fixed order (the
+edge cut (and by the rows of the other blocks), never N.  A halo that is nearly all of its block
+(``partition.WHOLE_HALO_FRACTION``) is the whole block: no gather task, the block's own chunk
+travels, and its transposed partial is added whole (the same terms in the same order: the tile's
+column ids index the whole block instead of the gathered rows).  Terms are added in a fixed order (the
 own block's first, then the others in block order), never in the order of arrival; results differ
 from the single-process numpy backend only by summation order.  (Two training runs on a cluster of
 worker processes were seen to differ by one ulp in a parameter element: not these kernels, but

@@ -563,3 +563,58 @@ def test_tasks_whose_results_travel_run_first_on_their_worker(client):
         assert priorities[travelling] == {polygrad_dask.cluster.TRAVELS_FIRST}, priorities
         local = {k: v for k, v in priorities.items() if k.startswith(("_spmm_tiles", "_assemble", "_add_partials"))}
         assert local and all(v == {None} for v in local.values()), priorities
+
+
+def _task_kinds(arr) -> set:
+    return {str(key[0] if isinstance(key, tuple) else key).rsplit("-", 1)[0]
+            for layer in arr.__dask_graph__().layers.values() for key in layer}
+
+
+def test_a_nearly_whole_halo_is_taken_whole_with_the_same_bits(client, monkeypatch):
+    """A uniform random graph's halo is nearly all of the other block (~98% here): the block is
+    taken whole -- no halo ids, no ``_take`` task per product, the transposed partials added
+    whole -- with the bits of gathering it (the threshold at 1.0, patched on the client, which
+    passes it to the workers building the blocks); a small halo is still gathered."""
+    import dask.array as da
+
+    n, f = 2000, 3
+    ei = np.random.default_rng(8).integers(0, n, (2, 8 * n))
+    sk = polygrad_dask.sparse_kernels
+    x = np.random.default_rng(4).normal(size=(n, f))
+    results, parts = [], []
+    for fraction in (1.0, polygrad_dask.partition.WHOLE_HALO_FRACTION):
+        monkeypatch.setattr(polygrad_dask.partition, "WHOLE_HALO_FRACTION", fraction)
+        a = pg.from_edge_index(ei, n, dtype=np.float64, backend="dask")   # a new pattern: a new partition
+        part = polygrad_dask.partition.partition_of(a.pattern)
+        values = da.from_array(np.linspace(0.5, 1.5, int(a.pattern.nnz)), chunks=(part.nnz_chunks,))
+        xd = da.from_array(x, chunks=(part.row_chunks, (f,)))
+        dvalues, dx = sk.spmm_vjp(xd, values, xd, needs=(True, True), pattern=a.pattern)   # SDDMM, A.T @ G
+        products = (sk.spmm(values, xd, pattern=a.pattern), dx, dvalues)
+        parts.append((part, _task_kinds(products[0]), _task_kinds(dvalues)))
+        results.append([r.compute() for r in products])
+    (gathered, gathered_kinds, _), (whole, whole_kinds, sddmm_kinds) = parts
+    rows = n // 2
+    assert set(gathered.needs) == {(0, 1), (1, 0)} and "_take" in gathered_kinds
+    assert all(0.9 * rows <= count < rows for count in gathered.halo_rows().values()), gathered.halo_rows()
+    assert not whole.needs and "_take" not in whole_kinds | sddmm_kinds
+    assert whole.halo_rows() == {(0, 1): rows, (1, 0): rows}
+    for got, want in zip(results[1], results[0]):
+        assert got.tobytes() == want.tobytes()
+    small = pg.from_edge_index(_block_diagonal(n, 40, seed=9, degree=4), n, dtype=np.float64, backend="dask")
+    part = polygrad_dask.partition.partition_of(small.pattern)
+    values = da.from_array(np.ones(int(small.pattern.nnz)), chunks=(part.nnz_chunks,))
+    assert (0, 1) in part.needs and "_take" in _task_kinds(
+        sk.spmm_partition(part, values, da.from_array(x, chunks=(part.row_chunks, (f,)))))
+
+
+def test_shards_loaded_take_a_nearly_whole_halo_whole_at_the_clients_threshold(client, tmp_path, monkeypatch):
+    """``load_edge_shards`` builds the blocks on the workers with the client's threshold; the
+    partition's halo is the one ``halo_stats`` predicts either way."""
+    n = 2000
+    ei = np.random.default_rng(10).integers(0, n, (2, 8 * n))
+    where = polygrad_dask.write_edge_shards(ei, n, tmp_path / "g", partitions=2)
+    for fraction, gathered in ((1.0, True), (polygrad_dask.partition.WHOLE_HALO_FRACTION, False)):
+        monkeypatch.setattr(polygrad_dask.partition, "WHOLE_HALO_FRACTION", fraction)
+        part = polygrad_dask.partition.partition_of(polygrad_dask.load_edge_shards(where).pattern)
+        assert bool(part.needs) == gathered
+        assert sum(part.halo_rows().values()) == locality.halo_stats(ei, n, 2)["halo_rows"]
