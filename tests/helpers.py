@@ -131,3 +131,44 @@ def sum_of_products_step(opt: optim.Optimizer, params: Sequence[pg.Tensor]) -> C
         opt.step()
         return loss
     return step
+
+
+def assert_second_order_matches_central_differences(loss_of: Callable[["pg.Tensor"], "pg.Tensor"],
+                                                    x0: np.ndarray, v: np.ndarray, eps: float = 1e-6) -> None:
+    """``d/dx <grad loss_of(x), v>`` by ``create_graph`` (the rule's steps differentiated again)
+    against central differences of that dot product, float64."""
+    def grad_dot_v(x: np.ndarray):
+        t = pg.tensor(x, requires_grad=True)
+        (g,) = pg.grad(loss_of(t), t, create_graph=True)
+        return t, (g * pg.tensor(v)).sum()
+
+    t, s = grad_dot_v(x0)
+    s.backward()
+    numeric = np.zeros_like(x0)
+    for i in np.ndindex(*x0.shape):
+        hi, lo = x0.copy(), x0.copy()
+        hi[i] += eps
+        lo[i] -= eps
+        numeric[i] = (grad_dot_v(hi)[1].item() - grad_dot_v(lo)[1].item()) / (2 * eps)
+    np.testing.assert_allclose(t.grad.numpy(), numeric, rtol=1e-6, atol=1e-9)
+
+
+#: special logits for the fused cross-entropy ops' bitwise tests
+LOGIT_SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 88.7, -104.0, 1e-40]
+
+
+def draw_logits(draw: Callable, max_rows: int = 5, max_classes: int = 4) -> np.ndarray:
+    """Hypothesis-drawn logits ``[N, C]`` (float32 or float64, N may be 0): plain values in
+    [-30, 30] mixed with :data:`LOGIT_SPECIALS`, sometimes all tied."""
+    from hypothesis import strategies as st
+
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    n, c = draw(st.integers(0, max_rows)), draw(st.integers(1, max_classes))
+    plain = st.floats(-30, 30, width=32)
+    values = draw(st.lists(st.one_of(plain, plain, st.sampled_from(LOGIT_SPECIALS)), min_size=n * c,
+                           max_size=n * c))
+    with np.errstate(over="ignore"):
+        x = np.array(values, dtype=np.float64).astype(dtype).reshape(n, c)
+    if n and draw(st.booleans()):  # ties
+        x[:, :] = x[:1, :1]
+    return x

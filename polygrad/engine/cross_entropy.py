@@ -96,14 +96,22 @@ def loss(x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
 def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
     """``dx`` from the loss's gradient ``g``: the composite's backward, rule by rule."""
     n, c = x.shape
-    shifted = _shifted(x, k)  # recomputed: the same kernels on the same arrays give the forward's bits
-    e, s = _exp_sum(shifted, k)
-    if reduction == "mean":  # mul rule (the scale is a constant), then the sum rule's expand
-        g = k.mul(g, k.const(g, mean_scale(n)))
+    e, s = _recomputed(x, k)
+    if reduction == "mean":  # mul rule by the forward's constant (of the loss's dtype), then sum's expand
+        g = k.mul(g, k.const(x, mean_scale(n)))
     if reduction != "none":
         g = k.expand(g, (n,))
     d_logp = k.index_add(k.neg(g), picked_index(target), (n, c))  # neg rule, getitem rule
     return _log_softmax_grad(d_logp, e, s, n, c, k)
+
+
+def _recomputed(x: Any, k: Steps) -> tuple[Any, Any]:
+    """The forward's ``exp(shifted)`` and its row sums, recomputed for a backward: the same kernels
+    on the same arrays give the forward's bits.  Its floating-point warnings were the forward's
+    (the composite's backward does not recompute, so it does not warn again), and a backward run
+    under ``np.errstate(invalid="raise")`` must not fail where the composite's would not."""
+    with np.errstate(all="ignore"):
+        return _exp_sum(_shifted(x, k), k)
 
 
 def _log_softmax_grad(d_logp: Any, e: Any, s: Any, n: int, c: int, k: Steps) -> Any:
@@ -138,10 +146,9 @@ def soft_grads(g: Any, x: Any, probs: Any, reduction: str, needs: tuple, k: Step
     composite's backward, rule by rule (the exponentials, and ``logp`` for ``dprobs``, recomputed:
     the same kernels on the same arrays give the forward's bits)."""
     n, c = x.shape
-    shifted = _shifted(x, k)
-    e, s = _exp_sum(shifted, k)
-    if reduction == "mean":  # mul rule (the scale is a constant), then the sum rule's expand
-        g = k.mul(g, k.const(g, mean_scale(n)))
+    e, s = _recomputed(x, k)
+    if reduction == "mean":  # mul rule by the forward's constant (of the loss's dtype), then sum's expand
+        g = k.mul(g, k.const(x, mean_scale(n)))
     if reduction != "none":
         g = k.expand(g, (n,))
     # neg rule, then the row sum's rule: its axis put back as size 1, expanded to the terms
@@ -149,4 +156,8 @@ def soft_grads(g: Any, x: Any, probs: Any, reduction: str, needs: tuple, k: Step
     if c != 1:
         d_terms = k.expand(d_terms, (n, c))
     dx = _log_softmax_grad(k.mul(d_terms, probs), e, s, n, c, k) if needs[0] else None  # mul rule
-    return dx, (k.mul(d_terms, _logp(shifted, s, k)) if needs[1] else None)
+    if not needs[1]:
+        return dx, None
+    with np.errstate(all="ignore"):  # recomputed (the forward warned)
+        logp = _logp(_shifted(x, k), s, k)
+    return dx, k.mul(d_terms, logp)

@@ -7,7 +7,9 @@ keyword-only ``mask`` choosing which rows count (the training nodes of a graph).
 Cross-entropy at integer classes with no weight, no smoothing and no ignored row runs as one
 primitive, ``Op.CROSS_ENTROPY``, on a backend that has its kernel: the composite's own steps
 without their two dozen dispatches (:mod:`polygrad.engine.cross_entropy`), the same bits;
-at class probabilities with no weight and no smoothing, likewise ``Op.SOFT_CROSS_ENTROPY``;
+at class probabilities with no weight and no smoothing, likewise ``Op.SOFT_CROSS_ENTROPY``
+(probabilities of the logits' dtype and backend, taking no gradient or a leaf of their own; a
+backend's kernel may accept only some arrays: a distributed one's in its own row blocks);
 elsewhere, and with the other options, the composite itself.
 """
 from __future__ import annotations

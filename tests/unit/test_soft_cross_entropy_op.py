@@ -19,7 +19,8 @@ import polygrad as pg
 from polygrad.ir.ops import FUSED, Op
 from polygrad.runtime.registry import registry
 from polygrad.testing import check_grads
-from tests.helpers import assert_bitwise, without_kernel
+from tests.helpers import (LOGIT_SPECIALS, assert_bitwise, assert_second_order_matches_central_differences,
+                           draw_logits, without_kernel)
 
 KEY = (Op.SOFT_CROSS_ENTROPY, "dense")
 
@@ -37,20 +38,11 @@ def run(x: np.ndarray, probs: np.ndarray, reduction: str, seed: np.ndarray | Non
     return loss.numpy(), t.grad.numpy(), dprobs, sorted(str(w.message) for w in caught), loss._node.op
 
 
-SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 88.7, -104.0, 1e-40]
-
-
 @st.composite
 def problems(draw):
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
-    n, c = draw(st.integers(0, 5)), draw(st.integers(1, 4))
-    plain = st.floats(-30, 30, width=32)
-    special = st.sampled_from(SPECIAL)
-    values = draw(st.lists(st.one_of(plain, plain, special), min_size=n * c, max_size=n * c))
-    with np.errstate(over="ignore"):
-        x = np.array(values, dtype=np.float64).astype(dtype).reshape(n, c)
-    if n and draw(st.booleans()):  # ties
-        x[:, :] = x[:1, :1]
+    x = draw_logits(draw)
+    (n, c), dtype = x.shape, x.dtype
+    plain, special = st.floats(-30, 30, width=32), st.sampled_from(LOGIT_SPECIALS)
     # probabilities (rows summing to 1), or any numbers (PyTorch takes them as they are)
     if draw(st.booleans()):
         raw = np.array(draw(st.lists(st.floats(0, 1, width=32), min_size=n * c, max_size=n * c)),
@@ -84,9 +76,9 @@ def test_the_fused_op_gives_the_composites_bits(problem):
     if probs_grad:
         for got in (dp, r_dp):
             assert_bitwise(got, c_dp)
-    # the same floating-point warnings (the backward recomputes exp(shifted), so the forward's
-    # overflow warning may come twice)
-    assert set(warned) == set(r_warned) == set(c_warned)
+    # the same floating-point warnings, as many times (the backward's recomputation of the forward's
+    # steps does not warn again: the composite's backward does not recompute)
+    assert warned == r_warned == c_warned
 
 
 def test_gradients_match_central_differences_float64():
@@ -102,21 +94,7 @@ def test_second_order_through_the_rule_matches_central_differences():
     rng = np.random.default_rng(1)
     x0, v = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
     probs = pg.tensor(rng.dirichlet(np.ones(3), size=5))
-
-    def grad_dot_v(x: np.ndarray):
-        t = pg.tensor(x, requires_grad=True)
-        (g,) = pg.grad(pg.cross_entropy(t, probs), t, create_graph=True)
-        return t, (g * pg.tensor(v)).sum()
-
-    t, s = grad_dot_v(x0)
-    s.backward()
-    eps, numeric = 1e-6, np.zeros_like(x0)
-    for i in np.ndindex(*x0.shape):
-        hi, lo = x0.copy(), x0.copy()
-        hi[i] += eps
-        lo[i] -= eps
-        numeric[i] = (grad_dot_v(hi)[1].item() - grad_dot_v(lo)[1].item()) / (2 * eps)
-    np.testing.assert_allclose(t.grad.numpy(), numeric, rtol=1e-6, atol=1e-9)
+    assert_second_order_matches_central_differences(lambda t: pg.cross_entropy(t, probs), x0, v)
 
 
 def test_the_composite_runs_where_the_op_cannot_promise_its_bits():
@@ -213,3 +191,48 @@ def test_matches_pytorch_float64(reduction):
     np.testing.assert_allclose(loss, lt.detach().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dp, pt.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def _both_ops(x: np.ndarray, reduction: str, seed, **grad_errstate):
+    """(loss, dx) bytes of the integer and the probability op on ``x`` (backward under
+    ``np.errstate(**grad_errstate)``), and the ops the losses came from."""
+    out = []
+    classes = np.arange(x.shape[0]) % x.shape[1]
+    for target in (classes, np.eye(x.shape[1], dtype=x.dtype)[classes]):
+        t = pg.tensor(x, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = pg.cross_entropy(t, target, reduction=reduction)
+        with np.errstate(**grad_errstate), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss.backward(None if seed is None else pg.tensor(seed))
+        out.append((loss.numpy().tobytes(), t.grad.numpy().tobytes(), [str(w.message) for w in caught],
+                    loss._node.op))
+    return out
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_backward_that_raises_on_invalid_values_runs_as_the_composites(reduction):
+    """The fused backward recomputes the forward's shift and exponentials; a row holding an
+    infinity makes them warn (or, under ``np.errstate(invalid="raise")``, raise) again, where the
+    composite's backward does not recompute: neither may warn, fail or fall back there."""
+    x = np.array([[np.inf, 1.0, 2.0], [0.5, 1.0, -1.0]], dtype=np.float32)
+    seed = np.ones(2, np.float32) if reduction == "none" else None
+    fused = _both_ops(x, reduction, seed, invalid="raise")
+    with without_kernel(registry.tables, KEY), without_kernel(registry.tables, (Op.CROSS_ENTROPY, "dense")):
+        composite = _both_ops(x, reduction, seed, invalid="raise")
+    assert [f[3] for f in fused] == [Op.CROSS_ENTROPY, Op.SOFT_CROSS_ENTROPY]
+    for f, c in zip(fused, composite):
+        assert f[:3] == c[:3] and f[2] == []
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_an_upstream_gradient_of_another_dtype_gives_the_composites_bits(reduction):
+    """A float64 upstream gradient for a float32 loss (a loss scale): the mean's rule multiplies it
+    by the forward's constant, 1/N in the loss's dtype, as the composite's mul rule does."""
+    x = np.random.default_rng(6).normal(size=(7, 3)).astype(np.float32) * 4
+    seed = np.float64(1.7) if reduction != "none" else np.linspace(-2, 2, 7)
+    fused = _both_ops(x, reduction, np.asarray(seed, dtype=np.float64))
+    with without_kernel(registry.tables, KEY), without_kernel(registry.tables, (Op.CROSS_ENTROPY, "dense")):
+        composite = _both_ops(x, reduction, np.asarray(seed, dtype=np.float64))
+    assert [f[:3] for f in fused] == [c[:3] for c in composite]

@@ -123,7 +123,7 @@ def _block_grad(g: np.ndarray, x: np.ndarray, target: np.ndarray, reduction: str
     "mean", the block's rows for "none").  "mean" scales ``g`` first, as the composite's mul rule
     does with the whole array's ``1/N``; then the rows are those of a "sum" over this block."""
     if scale is not None:
-        g = np.multiply(g, np.asarray(scale, dtype=g.dtype))
+        g = np.multiply(g, np.asarray(scale, dtype=x.dtype))  # the forward's constant
     return np.asarray(cross_entropy.logits_grad(g, x, target, "none" if reduction == "none" else "sum",
                                                 BLOCK_STEPS))
 
@@ -139,6 +139,14 @@ def _serves(x: Any) -> bool:
     return (isinstance(x, da.Array) and x.ndim == 2 and x.dtype in BLOCK_DTYPES and x.shape[0] > 0
             and x.shape[1] >= 1 and x.numblocks[1] == 1 and all(r > 0 for r in x.chunks[0])
             and tuple(x.chunks[0]) == row_chunks(x.shape[0]))
+
+
+def _takes_upstream(g: Any, x: da.Array, reduction: str) -> bool:
+    """Whether the soft op's per-block backward gives the composite's gradient for upstream ``g``:
+    of the logits' dtype, and for "none" in their row blocks (the composite's elementwise steps
+    split the rows as ``g`` and the logits together split them, and a later reduction over rows
+    would add other blocks)."""
+    return g.dtype == x.dtype and (reduction != "none" or tuple(g.chunks) == (tuple(x.chunks[0]),))
 
 
 def _row_blocks(x: da.Array) -> list:
@@ -222,9 +230,14 @@ def cross_entropy_vjp(g: da.Array, x: da.Array, *, needs: tuple, target: np.ndar
 
 # -- class probabilities (Op.SOFT_CROSS_ENTROPY) ------------------------------------------------------
 
-#: most row blocks whose partial sums one aggregate adds: dask's default ``split_every`` (4) makes a
-#: sum over this many chunks one aggregate; over more, the losses go through dask's own sum
-ONE_LEVEL_BLOCKS = 4
+def _one_aggregate(blocks: int) -> bool:
+    """Whether ``da.sum`` over ``blocks`` chunks adds their partials in one aggregate: at most
+    ``split_every`` of them (dask's config, 4 by default; its ``_tree_reduce`` reads it as this
+    does); over more, dask adds them in a tree, and the losses go through dask's own sum."""
+    split_every = dask.config.get("split_every", 4) or 4
+    if isinstance(split_every, dict):
+        split_every = split_every.get(0, 2)
+    return isinstance(split_every, int) and blocks <= max(split_every, 2)
 
 
 def _block_soft_losses(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
@@ -239,7 +252,7 @@ def _block_soft_partial(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
 
 
 def _soft_total(dtype: np.dtype, scale: float | None, *partials: np.ndarray) -> np.ndarray:
-    """``da.sum``'s aggregate over the blocks' partials (one level: at most ``ONE_LEVEL_BLOCKS``),
+    """``da.sum``'s aggregate over the blocks' partials (one level: :func:`_one_aggregate`),
     then the mean's multiply by its constant (``scale``; None for "sum")."""
     total = np.sum(np.concatenate(partials), axis=(0,), keepdims=False, dtype=_sum_dtype(np.dtype(dtype)))
     return total if scale is None else np.multiply(total, np.asarray(scale, dtype=dtype))
@@ -250,7 +263,7 @@ def _block_soft_grad(g: np.ndarray, x: np.ndarray, probs: np.ndarray, reduction:
     """Input ``which``'s gradient (0: the logits, 1: the probabilities) on one block, as
     :func:`_block_grad` (a task per gradient: the common step needs only the logits')."""
     if scale is not None:
-        g = np.multiply(g, np.asarray(scale, dtype=g.dtype))
+        g = np.multiply(g, np.asarray(scale, dtype=x.dtype))  # the forward's constant
     needs = (which == 0, which == 1)
     grads = cross_entropy.soft_grads(g, x, probs, "none" if reduction == "none" else "sum", needs, BLOCK_STEPS)
     return np.asarray(grads[which])
@@ -274,7 +287,7 @@ def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -
         return cross_entropy.soft_loss(x, probs, reduction, _dask_steps())
     pairs = list(zip(_row_blocks(x), _row_blocks(probs)))
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
-    if reduction != "none" and len(pairs) <= ONE_LEVEL_BLOCKS:
+    if reduction != "none" and _one_aggregate(len(pairs)):
         partials = _stacked("soft-cross-entropy-partial", _block_soft_partial, pairs, ((1,) * len(pairs),), x.dtype)
         name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
         with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
@@ -295,10 +308,10 @@ def soft_cross_entropy_vjp(g: da.Array, x: da.Array, probs: da.Array, *, needs: 
     if x.shape[0] == 0:
         zeros = da.zeros(x.shape, dtype=x.dtype)
         return (zeros if needs[0] else None, zeros if needs[1] else None)
-    if not _serves_pair(x, probs) or g.dtype != x.dtype:
+    if not _serves_pair(x, probs) or not _takes_upstream(g, x, reduction):
         return cross_entropy.soft_grads(g, x, probs, reduction, needs, _dask_steps())
     if reduction == "none":
-        gs = list(g.rechunk((x.chunks[0],)).to_delayed(optimize_graph=False))
+        gs = list(g.to_delayed(optimize_graph=False))
     else:
         gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
     scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None

@@ -203,18 +203,24 @@ def _train_gcn(partitions: int, soft: bool = False) -> bytes:
         return b"".join(p.numpy().tobytes() for p in model.parameters())
 
 
-@pytest.mark.usefixtures("dask_cluster")
-def test_gcn_training_with_the_fused_loss_gives_the_same_parameters(monkeypatch):
+@pytest.fixture
+def served(monkeypatch) -> list:
+    """The prefixes of the per-block arrays ``loss_kernels`` builds (which fused path served)."""
     from polygrad_dask import loss_kernels
 
-    served: list = []
+    names: list = []
     stacked = loss_kernels._stacked
 
     def counted(prefix, *args, **kwargs):
-        served.append(prefix)
+        names.append(prefix)
         return stacked(prefix, *args, **kwargs)
 
     monkeypatch.setattr(loss_kernels, "_stacked", counted)
+    return names
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_gcn_training_with_the_fused_loss_gives_the_same_parameters(served):
     try:
         fused = _train_gcn(3)
         assert served.count("cross-entropy-rows") == 3 and served.count("cross-entropy-grad") == 3, served
@@ -331,7 +337,7 @@ def soft_problems(draw):
 @given(problem=soft_problems(), partitions=st.integers(1, 6), reduction=st.sampled_from(["mean", "sum", "none"]),
        g=st.sampled_from([1.0, 0.0, -0.0, 2.5, np.nan]), probs_grad=st.booleans())
 def test_fused_soft_cross_entropy_is_the_composite_bit_for_bit(problem, partitions, reduction, g, probs_grad):
-    """Up to 6 row blocks: over 4 (``ONE_LEVEL_BLOCKS``) the sum goes through dask's own tree."""
+    """Up to 6 row blocks: over 4 (dask's default ``split_every``) the sum goes through dask's own tree."""
     x, probs = problem
     polygrad_dask.chunks.set_partitions(partitions)
     fused = _soft_loss_and_grads(x, probs, reduction, g, probs_grad)
@@ -406,18 +412,8 @@ def test_soft_loss_of_no_rows_gives_numpys_loss(reduction):
 
 
 @pytest.mark.usefixtures("dask_cluster")
-def test_gcn_training_with_the_fused_soft_loss_gives_the_same_parameters(monkeypatch):
+def test_gcn_training_with_the_fused_soft_loss_gives_the_same_parameters(served):
     """The benchmark's case: one-hot probability targets in the backend's row blocks."""
-    from polygrad_dask import loss_kernels
-
-    served: list = []
-    stacked = loss_kernels._stacked
-
-    def counted(prefix, *args, **kwargs):
-        served.append(prefix)
-        return stacked(prefix, *args, **kwargs)
-
-    monkeypatch.setattr(loss_kernels, "_stacked", counted)
     try:
         fused = _train_gcn(3, soft=True)
         assert served.count("soft-cross-entropy-partial") == 3 and served.count("soft-cross-entropy-grad") == 3, \
@@ -426,4 +422,55 @@ def test_gcn_training_with_the_fused_soft_loss_gives_the_same_parameters(monkeyp
             composite = _train_gcn(3, soft=True)
     finally:
         polygrad_dask.chunks.min_block_rows = 1
+    assert fused == composite
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("split_every", [2, 3, {0: 2}])
+def test_the_soft_loss_sums_its_blocks_as_dasks_configured_tree(split_every):
+    """dask's ``split_every`` (config) shapes the composite's sum over 4 row blocks: ``(p0+p1)+(p2+p3)``
+    at 2; the op's one aggregate serves only where dask's tree is one level."""
+    import dask
+
+    polygrad_dask.chunks.set_partitions(4)
+    rng = np.random.default_rng(11)
+    for seed in range(6):
+        x = (rng.standard_normal((41, 3)) * 10).astype(np.float32)
+        probs = rng.dirichlet(np.ones(3), size=41).astype(np.float32)
+        with dask.config.set(split_every=split_every):
+            fused = _soft_loss_and_grads(x, probs, "sum", 1.0, False)
+            with composite_cross_entropy(SOFT_KEY):
+                composite = _soft_loss_and_grads(x, probs, "sum", 1.0, False)
+        assert fused[:-1] == composite[:-1], seed
+
+
+@pytest.mark.usefixtures("dask_cluster")
+@pytest.mark.parametrize("soft", [True, False])
+def test_an_upstream_gradient_in_other_row_blocks_gives_the_composites_bits(soft):
+    """Per-row losses ("none") weighted by an array in other row blocks: the composite's steps split
+    the rows as the weights and the logits together split them, and a bias's gradient (the
+    logits' gradient summed over rows) adds those blocks; the fused backward must give the same
+    gradient, chunks included (the soft op then runs the composite's steps)."""
+    import dask.array as da
+
+    polygrad_dask.chunks.set_partitions(2)
+    rng = np.random.default_rng(0)
+    n, c = 4000, 7
+    h = rng.standard_normal((n, c)).astype(np.float32)
+    b0 = rng.standard_normal((1, c)).astype(np.float32)
+    target = np.eye(c, dtype=np.float32)[rng.integers(0, c, n)] if soft else rng.integers(0, c, n)
+    w = rng.random(n).astype(np.float32)
+
+    def run() -> tuple:
+        with pg.use_backend("dask"):
+            b = pg.tensor(b0, requires_grad=True)
+            logits = pg.tensor(h) + b
+            weights = pg.Tensor.from_backend(da.from_array(w, chunks=((5, n - 5),)), "dask")
+            labels = pg.tensor(target) if soft else target
+            (nn.cross_entropy(logits, labels, reduction="none") * weights).sum().backward()
+            return b.grad.numpy().tobytes()
+
+    fused = run()
+    with composite_cross_entropy(SOFT_KEY if soft else KEY):
+        composite = run()
     assert fused == composite

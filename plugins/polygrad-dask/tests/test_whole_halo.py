@@ -7,7 +7,10 @@ Why bitwise: a tile taken whole indexes the whole block by block-local ids inste
 rows by halo positions -- the same operand rows, the same terms in the same order.  The transposed
 product's partial then has a row per block row (zero where the block touches nothing: a sum
 from +0.0 is never -0.0, and ``x + 0.0`` is ``x``) and is added whole, where the halo partial went
-through a unit-valued product (one exact addition per row, the same bits)."""
+through a unit-valued product (one exact addition per row, the same bits).  One exception, as
+``sparse_kernels._add_at`` documents: where both addends are NaN, numpy's ``+=`` keeps the
+output's NaN and the unit product the partial's, so the sign and payload of such a NaN may differ
+(never whether it is one); the generated inputs here hold no NaN."""
 from __future__ import annotations
 
 import os
