@@ -1,7 +1,8 @@
 """Workers started by ``polygrad_dask.connect`` keep its settings (no statistical profiler, no
-spilling, no pausing, prompt control streams) when their nanny starts them again: a worker
-restarted after a kill used to come back with dask's defaults (its nanny held a shallow copy of
-dask's config, whose nested dicts the end of ``dask.config.set`` restored in place)."""
+spilling, no pausing, prompt control streams, the heap settings of ``cluster.heap_environ``) when
+their nanny starts them again: a worker restarted after a kill used to come back with dask's
+defaults (its nanny held a shallow copy of dask's config, whose nested dicts the end of
+``dask.config.set`` restored in place)."""
 from __future__ import annotations
 
 import pytest
@@ -29,16 +30,67 @@ def _prompt(client) -> bool:
     return len(got["workers"]) > 0 and set(seen) == {streams.INTERVAL_S}
 
 
-def test_restarted_workers_keep_connects_settings():
+def _heap() -> tuple:
+    import os
+
+    return os.environ.get("MALLOC_MMAP_THRESHOLD_"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+HEAP_REUSED = (str(32 * 2**20), str(2**30))
+
+
+@pytest.fixture
+def environment_kept():
+    """This process's environment as it was: a restart copies dask's pre-spawn environment (the
+    heap settings included) into the process running the nanny, here."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.usefixtures("environment_kept")
+def test_restarted_workers_keep_connects_settings(monkeypatch):
+    # as after another cluster's start in this process: dask's nanny left its trim threshold here
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     client = polygrad_dask.connect(workers=1, timeout=60)
     try:
         assert set(client.run(_settings).values()) == {(False, False, False, False)}
         assert _prompt(client)
+        assert set(client.run(_heap).values()) == {HEAP_REUSED}  # no explicit cap: the heap is reused
         client.restart()  # every nanny starts its worker again, long after connect's config block ended
         assert set(client.run(_settings).values()) == {(False, False, False, False)}
         assert _prompt(client)  # the new worker processes and the scheduler's new streams to them
+        assert set(client.run(_heap).values()) == {HEAP_REUSED}
     finally:
         polygrad_dask.cluster.close(client)
+
+
+def test_heap_reuse_only_without_an_explicit_cap(monkeypatch):
+    """An explicit memory_limit is checked against the worker's RSS, which must fall when arrays are
+    freed: such workers keep dask's heap settings (its 64 KiB trim threshold), as does
+    POLYGRAD_DASK_HEAP_REUSE=off; "auto", 0 and None reuse the heap."""
+    from polygrad_dask import cluster
+
+    for limit in ("auto", 0, None, "0"):
+        assert cluster.heap_environ(limit) == cluster.HEAP_REUSE_ENVIRON
+    for limit in ("400MiB", 2**30, 0.5):
+        assert cluster.heap_environ(limit) == {}
+    import os
+
+    for limit, want in (("auto", HEAP_REUSED), ("2GiB", (None, "65536"))):  # a capped one after a reusing one
+        before = {k: os.environ.get(k) for k in cluster.HEAP_REUSE_ENVIRON}
+        client = polygrad_dask.connect(workers=1, timeout=60, memory_limit=limit)
+        try:
+            assert set(client.run(_heap).values()) == {want}
+            # dask's nanny copied its pre-spawn environment into this process; connect put it back
+            assert {k: os.environ.get(k) for k in cluster.HEAP_REUSE_ENVIRON} == before
+        finally:
+            polygrad_dask.cluster.close(client)
+    monkeypatch.setenv(cluster.HEAP_REUSE_ENV, "off")
+    assert cluster.heap_environ("auto") == {}
 
 
 def test_stream_interval_off_keeps_dasks_and_a_bad_value_is_refused(monkeypatch):
