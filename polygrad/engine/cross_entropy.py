@@ -97,12 +97,18 @@ def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps) ->
     """``dx`` from the loss's gradient ``g``: the composite's backward, rule by rule."""
     n, c = x.shape
     e, s = _recomputed(x, k)
-    if reduction == "mean":  # mul rule by the forward's constant (of the loss's dtype), then sum's expand
-        g = k.mul(g, k.const(x, mean_scale(n)))
-    if reduction != "none":
-        g = k.expand(g, (n,))
+    g = _row_upstream(g, x, reduction, k)
     d_logp = k.index_add(k.neg(g), picked_index(target), (n, c))  # neg rule, getitem rule
     return _log_softmax_grad(d_logp, e, s, n, c, k)
+
+
+def _row_upstream(g: Any, x: Any, reduction: str, k: Steps) -> Any:
+    """Each row's upstream gradient ``[N]`` from the loss's: the reduction's rules (the mean's mul
+    by the forward's constant, of the loss's dtype, then the sum's expand)."""
+    n = x.shape[0]
+    if reduction == "mean":
+        g = k.mul(g, k.const(x, mean_scale(n)))
+    return g if reduction == "none" else k.expand(g, (n,))
 
 
 def _recomputed(x: Any, k: Steps) -> tuple[Any, Any]:
@@ -147,10 +153,7 @@ def soft_grads(g: Any, x: Any, probs: Any, reduction: str, needs: tuple, k: Step
     the same kernels on the same arrays give the forward's bits)."""
     n, c = x.shape
     e, s = _recomputed(x, k)
-    if reduction == "mean":  # mul rule by the forward's constant (of the loss's dtype), then sum's expand
-        g = k.mul(g, k.const(x, mean_scale(n)))
-    if reduction != "none":
-        g = k.expand(g, (n,))
+    g = _row_upstream(g, x, reduction, k)
     # neg rule, then the row sum's rule: its axis put back as size 1, expanded to the terms
     d_terms = k.reshape(k.neg(g), (n, 1))
     if c != 1:
