@@ -9,7 +9,8 @@ primitive, ``Op.CROSS_ENTROPY``, on a backend that has its kernel: the composite
 without their two dozen dispatches (:mod:`polygrad.engine.cross_entropy`), the same bits;
 at class probabilities with no weight and no smoothing, likewise ``Op.SOFT_CROSS_ENTROPY``
 (probabilities of the logits' dtype and backend, taking no gradient or a leaf of their own; a
-backend's kernel may accept only some arrays: a distributed one's in its own row blocks);
+backend's kernel may accept only some arrays: a distributed one's in its own row blocks, and
+numpy's none, being slower in one process than the composite);
 elsewhere, and with the other options, the composite itself.
 """
 from __future__ import annotations

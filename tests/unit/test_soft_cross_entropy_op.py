@@ -25,6 +25,19 @@ from tests.helpers import (LOGIT_SPECIALS, assert_bitwise, assert_second_order_m
 KEY = (Op.SOFT_CROSS_ENTROPY, "dense")
 
 
+@pytest.fixture(autouse=True)
+def served_on_numpy(monkeypatch):
+    """pg.cross_entropy on numpy runs the composite by default (the kernel's ``accepts`` declines:
+    slower in one process); these tests make it serve, to check its steps against the composite."""
+    monkeypatch.setattr(registry.tables["numpy"][KEY], "accepts", lambda x, probs: True)
+
+
+def test_numpy_runs_the_composite_by_default(monkeypatch):
+    monkeypatch.undo()
+    x = pg.tensor(np.zeros((3, 2)), requires_grad=True)
+    assert pg.cross_entropy(x, np.eye(2)[[0, 1, 1]])._node.op == Op.MUL
+
+
 def run(x: np.ndarray, probs: np.ndarray, reduction: str, seed: np.ndarray | None, probs_grad: bool):
     """(loss, dx, dprobs or None, warning messages, the op the loss came from) of
     pg.cross_entropy on fresh leaves."""
