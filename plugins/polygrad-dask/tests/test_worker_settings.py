@@ -1,5 +1,6 @@
 """Workers started by ``polygrad_dask.connect`` keep its settings (no statistical profiler, no
-spilling, no pausing, prompt control streams, the heap settings of ``cluster.heap_environ``) when
+spilling, no pausing, prompt control streams, the heap settings of ``cluster.heap_environ``, the
+event-loop check every ``cluster.TICK_INTERVAL``) when
 their nanny starts them again: a worker restarted after a kill used to come back with dask's
 defaults (its nanny held a shallow copy of dask's config, whose nested dicts the end of
 ``dask.config.set`` restored in place)."""
@@ -20,7 +21,20 @@ def _settings(dask_worker=None) -> tuple:
 
     return ("profile" in dask_worker.periodic_callbacks,
             dask.config.get("distributed.worker.memory.spill"), dask.config.get("distributed.worker.memory.pause"),
-            dask.config.get("distributed.worker.memory.target"))
+            dask.config.get("distributed.worker.memory.target"), _tick_ms(dask_worker))
+
+
+def _tick_ms(server) -> float:
+    """How often ``server`` (a worker or the scheduler) checks its event loop, in ms."""
+    return server.periodic_callbacks["tick"].callback_time
+
+
+def _scheduler_tick_ms(dask_scheduler=None) -> float:
+    return _tick_ms(dask_scheduler)
+
+
+#: ``cluster.TICK_INTERVAL`` in ms, and what dask's default would give
+TICK_MS, DASK_TICK_MS = 500.0, 20.0
 
 
 def _prompt(client) -> bool:
@@ -57,11 +71,12 @@ def test_restarted_workers_keep_connects_settings(monkeypatch):
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     client = polygrad_dask.connect(workers=1, timeout=60)
     try:
-        assert set(client.run(_settings).values()) == {(False, False, False, False)}
+        assert set(client.run(_settings).values()) == {(False, False, False, False, TICK_MS)}
+        assert client.run_on_scheduler(_scheduler_tick_ms) == TICK_MS
         assert _prompt(client)
         assert set(client.run(_heap).values()) == {HEAP_REUSED}  # no explicit cap: the heap is reused
         client.restart()  # every nanny starts its worker again, long after connect's config block ended
-        assert set(client.run(_settings).values()) == {(False, False, False, False)}
+        assert set(client.run(_settings).values()) == {(False, False, False, False, TICK_MS)}
         assert _prompt(client)  # the new worker processes and the scheduler's new streams to them
         assert set(client.run(_heap).values()) == {HEAP_REUSED}
     finally:
@@ -112,3 +127,35 @@ def test_stream_interval_off_keeps_dasks_and_a_bad_value_is_refused(monkeypatch)
         polygrad_dask.connect(workers=1, timeout=60)  # refused before any worker starts
     monkeypatch.setenv(streams.INTERVAL_ENV, "2")
     assert streams.interval_s() == 0.002
+
+
+def test_the_tick_interval_is_connects_own_and_dasks_default_stays_elsewhere():
+    """The event-loop check every ``cluster.TICK_INTERVAL`` (not dask's 20 ms) holds for clusters
+    polygrad starts -- worker processes, their scheduler, and the in-process cluster started on
+    first use -- and leaves dask's config as it was for everything else."""
+    import dask
+    from distributed import LocalCluster
+
+    from polygrad_dask import cluster
+
+    assert dask.utils.parse_timedelta(cluster.TICK_INTERVAL, default="ms") * 1000 == TICK_MS
+    assert dask.config.get("distributed.admin.tick.interval") in ("20ms", "20 ms")
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as plain:
+        assert _tick_ms(plain.scheduler) == DASK_TICK_MS   # connect's setting did not leak
+    saved, cluster._own = cluster._own, None
+    try:
+        import distributed
+
+        with pytest.raises(ValueError):
+            distributed.default_client()
+        own = cluster.client()
+        assert own.run_on_scheduler(_scheduler_tick_ms) == TICK_MS
+        assert set(own.run(_tick_ms_of_worker).values()) == {TICK_MS}
+    finally:
+        if cluster._own is not None and cluster._own is not saved:
+            cluster.close(cluster._own)
+        cluster._own = saved
+
+
+def _tick_ms_of_worker(dask_worker=None) -> float:
+    return _tick_ms(dask_worker)
