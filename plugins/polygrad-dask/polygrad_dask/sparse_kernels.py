@@ -7,8 +7,9 @@ distinct columns of ``j`` its nonzeros touch (ids kept on ``j``'s worker, comput
 pattern).  Every kernel task on block ``i`` asks for that worker (``cluster.pinned``), so:
 
 * ``spmm``    ``Y_i = A_i @ [X_i | X_j[halo_ij] ...]``: ``j``'s worker gathers the halo rows, only
-  they travel; the own tile's product runs while they do, the halo tiles then add onto a copy
-  of it (sparsetools' ``csr_matvecs`` straight into the output)
+  they travel; the own tile's product runs while they do, the halo tiles then add onto it in
+  place (sparsetools' ``csr_matvecs`` straight into the output; the own tile's task has a key of
+  its own, so nothing else reads it)
 * ``spmm_t``  ``Z_j = (A_j.T G_j)[own] + sum_i (A_i.T G_i)[halo_ij]`` added at ``halo_ij`` on ``j``'s
   worker: only the halo rows of the partial travel; the own term is computed (``csc_matvecs``, no
   transpose built) while they do
@@ -142,15 +143,28 @@ def _spmm_block(block: RowBlock, values: np.ndarray, *parts: np.ndarray) -> np.n
     return out
 
 
+def _sum_into(start: np.ndarray, dtype: Any) -> np.ndarray:
+    """The array the rest of a product is added into, given its own tile's term ``start``:
+    ``start`` itself where this worker made it -- it owns its memory, is writable, C-ordered and
+    of the result's dtype -- else a copy (it came from another worker, back from disk, or in
+    another dtype).  Adding in place is safe because ``start`` is the result of an own-term task
+    (:func:`_own_term`) whose key is its own: the adding task is its one dependent, so no other
+    task reads it, and a recomputation recomputes it too.  It saves a copy of the block's result
+    and that array's memory at the step's peak."""
+    if start.dtype == dtype and start.flags.c_contiguous and start.flags.writeable and start.flags.owndata:
+        return start
+    return np.array(start, dtype=dtype, order="C")
+
+
 def _spmm_tiles(block: RowBlock, values: np.ndarray, tiles: tuple, start: np.ndarray | None,
                 *parts: np.ndarray) -> np.ndarray:
-    """``start + sum_j A_ij @ part_j`` over the column blocks ``tiles`` (in that order), into a
-    copy of ``start`` (a zero output when None).  The own tile runs first, from zero, while the
-    halo rows are still on their way; the halo tiles then add onto a copy of it."""
+    """``start + sum_j A_ij @ part_j`` over the column blocks ``tiles`` (in that order), into
+    ``start`` (:func:`_sum_into`; a zero output when None).  The own tile runs first, from zero,
+    while the halo rows are still on their way; the halo tiles then add onto it."""
     f = parts[0].shape[1]
     dtype = np.result_type(values.dtype, *(p.dtype for p in parts))
     memcap.check(_what(block, "an SpMM result"), 2 * block.rows * f * dtype.itemsize)
-    out = np.zeros((block.rows, f), dtype=dtype) if start is None else np.array(start, dtype=dtype, order="C")
+    out = np.zeros((block.rows, f), dtype=dtype) if start is None else _sum_into(start, dtype)
     for j, part in zip(tiles, parts):
         if block.starts[j + 1] > block.starts[j]:
             _tile_into(block, j, values, part, out)
@@ -216,10 +230,10 @@ def _assemble(shape: tuple, dtype: Any, ids: tuple, *parts: Any) -> np.ndarray:
 
 
 def _add_partials(start: np.ndarray, ids: tuple, *parts: np.ndarray) -> np.ndarray:
-    """A copy of ``start`` (the own tile's transposed product, already on this worker) with the
-    other row blocks' partials added in block order, whole or at their halo ids."""
+    """``start`` (the own tile's transposed product, already on this worker; :func:`_sum_into`)
+    with the other row blocks' partials added in block order, whole or at their halo ids."""
     memcap.check(f"a transposed SpMM block of shape {start.shape}", start.nbytes)
-    out = np.array(start, order="C")
+    out = _sum_into(start, start.dtype)
     for where, part in zip(ids, parts):
         if where is None:
             out += part
@@ -261,6 +275,15 @@ def _segment(block: RowBlock, values: np.ndarray, reduce_sum: bool) -> np.ndarra
 # -- graph builders (on the client: only shapes and task keys) ----------------------------------
 
 _d = dask.delayed(pure=True)
+
+
+def _own_term(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` as a delayed task with a key of its own (not a token of its arguments): the
+    own tile's term, which one task then adds the rest into, in place (:func:`_sum_into`).  A
+    token would make equal products in one graph share the term; their adding tasks would be one
+    task too, but "one reader" would then rest on every reader being built alike.  A key of its
+    own makes it true by construction, for the price of computing a repeated product twice."""
+    return dask.delayed(fn, pure=False)(*args)
 
 
 def _blocks(x: da.Array, chunk_rows: tuple) -> list:
@@ -332,7 +355,7 @@ def spmm_partition(part: Partition, values: da.Array, x: da.Array) -> da.Array:
             continue
         with cluster.pinned(i):
             # the own tile first (its operand is here), overlapping the halo's transfer; then the rest
-            first = _d(_spmm_tiles)(block, vb[i], (own,), None, parts[own])
+            first = _own_term(_spmm_tiles, block, vb[i], (own,), None, parts[own])
         out.append((_spmm_tiles, (block, vb[i], tuple(fetched), first, *(parts[j] for j in fetched))))
     return _stack(out, [(r, f) for r in part.row_chunks], dtype)
 
@@ -340,8 +363,8 @@ def spmm_partition(part: Partition, values: da.Array, x: da.Array) -> da.Array:
 def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array:
     """``A.T @ G`` (G 2-D) from A's own blocks, rows chunked as A's column blocks: each row block's
     partials for the other column blocks on its worker; per column block ``j``, on ``j``'s worker,
-    the own row block's term (which needs nothing from elsewhere), then a copy of it with the
-    other partials added in row-block order."""
+    the own row block's term (which needs nothing from elsewhere), then the other partials added
+    into it in row-block order."""
     dtype = np.result_type(values.dtype, g.dtype)
     f = g.shape[1]
     vb = _blocks(values, part.nnz_chunks)
@@ -370,7 +393,7 @@ def spmm_t_partition(part: Partition, values: da.Array, g: da.Array) -> da.Array
             continue
         with cluster.pinned(j):
             # the own tile first (everything it reads is here), overlapping the partials' transfer
-            first = _d(_assemble)(*own_term)
+            first = _own_term(_assemble, *own_term)
         out.append((_add_partials, (first, tuple(ids), *pieces)))
     return _stack(out, [(c, f) for c in part.col_chunks], dtype)
 

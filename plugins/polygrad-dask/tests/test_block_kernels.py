@@ -124,10 +124,10 @@ def test_add_at_is_fancy_add_bit_for_bit(case):
 
 @settings(max_examples=150, deadline=None)
 @given(blocked())
-def test_own_tile_first_then_the_halo_tiles_onto_a_copy(case):
-    """The split forward (own tile from zero, then the fetched tiles added onto a copy of it) gives
-    the row block's product; with the own block first in column order it is still the serial
-    CSR product bit for bit, and the copied-from result is never written."""
+def test_own_tile_first_then_the_halo_tiles_onto_it(case):
+    """The split forward (own tile from zero, then the fetched tiles added onto it, in place: it
+    is this worker's own array) gives the row block's product; with the own block first in
+    column order it is still the serial CSR product bit for bit."""
     a, col_bounds, own, x = case
     if own is None:
         own = 0
@@ -135,10 +135,9 @@ def test_own_tile_first_then_the_halo_tiles_onto_a_copy(case):
     parts = [x[lo:hi] if need is None else sparse_kernels._take(x[lo:hi], need)
              for (lo, hi), need in zip(zip(col_bounds[:-1], col_bounds[1:]), block.need)]
     first = sparse_kernels._spmm_tiles(block, a.data, (own,), None, parts[own])
-    kept = first.copy()
     rest = tuple(j for j in range(len(parts)) if j != own)
     got = sparse_kernels._spmm_tiles(block, a.data, rest, first, *(parts[j] for j in rest)) if rest else first
-    _bits(first, kept)
+    assert got is first
     want = np.zeros((a.shape[0], x.shape[1]), dtype=x.dtype)
     _sparsetools.csr_matvecs(a.shape[0], a.shape[1], x.shape[1], a.indptr, a.indices, a.data, x.reshape(-1),
                              want.reshape(-1))
@@ -150,22 +149,27 @@ def test_own_tile_first_then_the_halo_tiles_onto_a_copy(case):
 
 @settings(max_examples=100, deadline=None)
 @given(scatters(), st.booleans())
-def test_partials_add_onto_a_copy_of_the_own_term(case, whole):
-    """``_add_partials``: the own term's copy plus a partial at its ids (or whole), numpy's bits; the
-    own term itself is left as it was."""
+def test_partials_add_onto_the_own_term(case, whole):
+    """``_add_partials``: the own term plus a partial at its ids (or whole), numpy's bits, in place
+    for a term this worker made, into a copy of a read-only one (received), left as it was."""
     start, ids, part = case
     if whole:
         ids, part = None, start[::-1].copy()
     kept = start.copy()
+    frozen = start.copy()
+    frozen.flags.writeable = False
     want = start.copy()
     with np.errstate(invalid="ignore", over="ignore"):
         if ids is None:
             want += part
         else:
             want[ids] += part
+        copied = sparse_kernels._add_partials(frozen, (ids,), part)
         got = sparse_kernels._add_partials(start, (ids,), part)
     _bits(got, want)
-    _bits(start, kept)
+    _bits(copied, want)
+    _bits(frozen, kept)
+    assert (got is start) == (start.flags.owndata and start.flags.c_contiguous)
 
 
 def test_a_chunk_of_the_wrong_shape_is_a_shape_error():
@@ -186,3 +190,50 @@ def test_a_chunk_of_the_wrong_shape_is_a_shape_error():
     out = np.zeros((5, 2))
     with pytest.raises(ShapeError, match="halo partial"):
         sparse_kernels._add_at(out, np.array([0, 2]), np.ones((3, 2)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(blocked())
+def test_the_rest_is_added_into_the_own_term_only_where_this_worker_made_it(case):
+    """``_spmm_tiles`` and ``_add_partials`` add into the own tile's term in place when this
+    worker made it (owned, writable, C order, the result's dtype) -- the same bits as into a copy
+    -- and otherwise into a copy, leaving the term as it was: an array received from another
+    worker (here: read-only, or a view of a buffer) or of another dtype."""
+    a, col_bounds, own, x = case
+    block = build_block(a.indptr, a.indices, col_bounds, 0, own)
+    if own is None or len(col_bounds) < 3:
+        return
+    parts = [x[lo:hi] if need is None else sparse_kernels._take(x[lo:hi], need)
+             for (lo, hi), need in zip(zip(col_bounds[:-1], col_bounds[1:]), block.need)]
+    fetched = tuple(j for j in range(len(parts)) if j != own)
+    first = sparse_kernels._spmm_tiles(block, a.data, (own,), None, parts[own])
+    want = sparse_kernels._spmm_block(block, a.data, *parts) if own == 0 else None
+    kept = first.copy()
+    view = np.frombuffer(bytearray(first.tobytes()), dtype=first.dtype).reshape(first.shape)
+    frozen = first.copy()
+    frozen.flags.writeable = False
+    wider = first.astype(np.float64) if first.dtype == np.float32 else None
+    rest = [parts[j] for j in fetched]
+    got = sparse_kernels._spmm_tiles(block, a.data, fetched, first, *rest)
+    assert got is first  # added in place
+    if want is not None:
+        _bits(got, want)
+    for start in (view, frozen):
+        before = start.copy()
+        other = sparse_kernels._spmm_tiles(block, a.data, fetched, start, *rest)
+        assert other is not start
+        _bits(other, got)
+        _bits(start, before)
+    if wider is not None:
+        _bits(wider, kept.astype(np.float64))
+        out = sparse_kernels._spmm_tiles(block, a.data.astype(np.float64), fetched, wider,
+                                         *(r.astype(np.float64) for r in rest))
+        assert out is wider   # float64 result: the float64 term is the accumulator
+    part = np.random.default_rng(3).normal(size=first.shape).astype(first.dtype)
+    for start, inplace in ((kept.copy(), True), (view, False), (frozen, False)):
+        before = start.copy()
+        total = sparse_kernels._add_partials(start, (None,), part)
+        assert (total is start) == inplace
+        _bits(total, before + part)
+        if not inplace:
+            _bits(start, before)

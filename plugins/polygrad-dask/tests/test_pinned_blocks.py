@@ -618,3 +618,33 @@ def test_shards_loaded_take_a_nearly_whole_halo_whole_at_the_clients_threshold(c
         part = polygrad_dask.partition.partition_of(polygrad_dask.load_edge_shards(where).pattern)
         assert bool(part.needs) == gathered
         assert sum(part.halo_rows().values()) == locality.halo_stats(ei, n, 2)["halo_rows"]
+
+
+def test_each_product_adds_into_an_own_term_no_other_task_reads(client):
+    """The own tile's term is added into in place, so it must have one reader: the same SpMM and
+    transposed SpMM built twice and computed in one graph each get an own-term task of their own
+    (keys that are not tokens of the arguments) and the right numbers, bit for bit the same."""
+    import dask
+    import dask.array as da
+    from dask.core import flatten
+
+    n, f = 400, 3
+    ei = np.random.default_rng(13).integers(0, n, (2, 6 * n))
+    a = pg.from_edge_index(ei, n, dtype=np.float64, backend="dask")
+    part = polygrad_dask.partition.partition_of(a.pattern)
+    xs = np.random.default_rng(14).normal(size=(n, f))
+    x = da.from_array(xs, chunks=(part.row_chunks, (f,)))
+    vals = np.linspace(0.5, 1.5, int(a.pattern.nnz))
+    values = da.from_array(vals, chunks=(part.nnz_chunks,))
+    sk = polygrad_dask.sparse_kernels
+    products = [sk.spmm(values, x, pattern=a.pattern) for _ in range(2)] + \
+        [sk.spmm_vjp(x, values, x, needs=(False, True), pattern=a.pattern)[1] for _ in range(2)]
+    terms = [k for y in products for k in y.__dask_graph__()
+             if str(k[0] if isinstance(k, tuple) else k).startswith(("_spmm_tiles", "_assemble"))
+             and k not in set(flatten(y.__dask_keys__()))]
+    assert len(terms) == len(set(terms)) == 4 * len(part.blocks), terms
+    got = dask.compute(*products)
+    host = sp.csr_matrix((vals, a.pattern.cols, a.pattern.indptr), shape=(n, n))
+    np.testing.assert_allclose(got[0], host @ xs, rtol=1e-12)
+    np.testing.assert_allclose(got[2], host.T @ xs, rtol=1e-12)
+    assert got[0].tobytes() == got[1].tobytes() and got[2].tobytes() == got[3].tobytes()
