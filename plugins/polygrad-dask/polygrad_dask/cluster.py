@@ -262,7 +262,8 @@ def client() -> Any:
         prompt = interval_s()
         with dask.config.set({"distributed.admin.tick.interval": TICK_INTERVAL}):
             own_cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
-                                       scheduler_kwargs=_http_on(LOOPBACK, None), worker_dashboard_address=f"{LOOPBACK}:0")
+                                       scheduler_kwargs=_http_on(LOOPBACK, None),
+                                       worker_dashboard_address=f"{LOOPBACK}:0")
         _own = _started(Client(own_cluster, set_as_default=True), prompt)
         atexit.register(close, _own)  # a quiet shutdown instead of "lost computed tasks" warnings
     return _own
