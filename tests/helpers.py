@@ -30,6 +30,9 @@ def observed(x: Any) -> Any:
 def without_kernel(tables: dict, key: tuple, backend: str = "numpy"):
     """``backend`` without the kernel ``key`` in ``tables`` (``registry.tables`` or
     ``registry.vjp_tables``) for the duration: what a backend that leaves a fused op out runs."""
+    from polygrad.runtime.registry import registry
+
+    registry.load()  # the tables are filled on first use: a test file may run first, or alone
     with pytest.MonkeyPatch.context() as mp:
         mp.delitem(tables[backend], key)
         yield

@@ -135,11 +135,16 @@ def _logp(shifted: Any, s: Any, k: Steps) -> Any:
     return k.add(shifted, k.neg(k.log(s)))
 
 
-def soft_loss(x: Any, probs: Any, reduction: str, k: Steps) -> Any:
+def soft_loss(x: Any, probs: Any, reduction: str, k: Steps, keep: dict | None = None) -> Any:
     """The loss of logits ``x [N, C]`` at class probabilities ``probs [N, C]`` (the composite
-    ``-(log_softmax(x) * probs).sum(-1)``, then the reduction): ``[N]`` for "none", else ``()``."""
+    ``-(log_softmax(x) * probs).sum(-1)``, then the reduction): ``[N]`` for "none", else ``()``.
+    ``keep`` (a dict) receives the forward's ``exp(shifted)`` and its row sums as ``"e"`` and
+    ``"s"``, which :func:`soft_grads` takes instead of recomputing them (a backend that can hold
+    them from its forward to its backward)."""
     shifted = _shifted(x, k)
-    _, s = _exp_sum(shifted, k)
+    e, s = _exp_sum(shifted, k)
+    if keep is not None:
+        keep.update(e=e, s=s)
     losses = k.neg(k.sum(k.mul(_logp(shifted, s, k), probs), (1,), False))
     if reduction == "none":
         return losses
@@ -147,12 +152,14 @@ def soft_loss(x: Any, probs: Any, reduction: str, k: Steps) -> Any:
     return k.mul(total, k.const(total, mean_scale(x.shape[0]))) if reduction == "mean" else total
 
 
-def soft_grads(g: Any, x: Any, probs: Any, reduction: str, needs: tuple, k: Steps) -> tuple:
+def soft_grads(g: Any, x: Any, probs: Any, reduction: str, needs: tuple, k: Steps,
+               saved: tuple | None = None) -> tuple:
     """``(dx, dprobs)`` from the loss's gradient ``g`` (None where ``needs`` says no): the
     composite's backward, rule by rule (the exponentials, and ``logp`` for ``dprobs``, recomputed:
-    the same kernels on the same arrays give the forward's bits)."""
+    the same kernels on the same arrays give the forward's bits; or the forward's own ``(e, s)``,
+    ``saved`` from :func:`soft_loss`'s ``keep``: the same bits, without the recomputation)."""
     n, c = x.shape
-    e, s = _recomputed(x, k)
+    e, s = _recomputed(x, k) if saved is None else saved
     g = _row_upstream(g, x, reduction, k)
     # neg rule, then the row sum's rule: its axis put back as size 1, expanded to the terms
     d_terms = k.reshape(k.neg(g), (n, 1))

@@ -29,6 +29,7 @@ KEY = (Op.SOFT_CROSS_ENTROPY, "dense")
 def served_on_numpy(monkeypatch):
     """pg.cross_entropy on numpy runs the composite by default (the kernel's ``accepts`` declines:
     slower in one process); these tests make it serve, to check its steps against the composite."""
+    registry.load()  # the tables are filled on first use: this file may run first, or alone
     monkeypatch.setattr(registry.tables["numpy"][KEY], "accepts", lambda x, probs: True)
 
 

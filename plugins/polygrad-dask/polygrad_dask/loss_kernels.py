@@ -19,10 +19,12 @@ then the mean's multiply -- in one task where the losses are one chunk (the comm
 checks loss and gradient bitwise against the composite on generated logits.
 
 Class probabilities (``Op.SOFT_CROSS_ENTROPY``) go the same way: one task per row block gives its
-rows' losses -- or, for "sum" and "mean", their partial sum, dask's chunk step -- and one task
-adds the partials as dask's aggregate does and applies the mean's multiply (so 3 tasks forward for
-2 blocks, where the composite made about 25); the backward is one task per block for both
-gradients.  The probabilities must come in the logits' own blocks.
+rows' losses -- or, for "sum" and "mean", their partial sum, dask's chunk step, with the block's
+``exp(shifted)`` and row sums, which its backward then reads instead of recomputing them (a tiny
+task per block hands only the partial on) -- and one task adds the partials as dask's aggregate
+does and applies the mean's multiply (so 5 tasks forward for 2 blocks, where the composite made
+about 25); the backward is one task per block for both gradients.  The probabilities must come
+in the logits' own blocks.
 
 Logits that are not float32/float64, are split along the class axis, have an empty row block or
 no rows run the same steps over the backend's own dask kernels instead: the composite's
@@ -30,6 +32,7 @@ dask graph, the composite's numbers.
 """
 from __future__ import annotations
 
+import collections
 import uuid
 from typing import Any
 
@@ -245,10 +248,34 @@ def _block_soft_losses(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return np.asarray(cross_entropy.soft_loss(x, probs, "none", BLOCK_STEPS))
 
 
-def _block_soft_partial(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """The block's rows' losses summed as ``da.sum``'s chunk step sums them (``[1]``)."""
-    losses = _block_soft_losses(x, probs)
-    return np.sum(losses, axis=(0,), keepdims=True, dtype=_sum_dtype(losses.dtype))
+def _block_soft_forward(x: np.ndarray, probs: np.ndarray) -> tuple:
+    """The block's rows' losses summed as ``da.sum``'s chunk step sums them (``[1]``), with the
+    forward's ``exp(shifted)`` and row sums, which the block's backward then reads instead of
+    recomputing them."""
+    keep: dict = {}
+    losses = np.asarray(cross_entropy.soft_loss(x, probs, "none", BLOCK_STEPS, keep))
+    return np.sum(losses, axis=(0,), keepdims=True, dtype=_sum_dtype(losses.dtype)), keep["e"], keep["s"]
+
+
+def _forward_partial(forward: tuple) -> np.ndarray:
+    """The partial sum of a :func:`_block_soft_forward` (a task of its own on the block's worker:
+    only it travels to the total, not the block's exponentials)."""
+    return forward[0]
+
+
+#: the per-block forward tasks of the latest soft cross-entropies, by (logits, probabilities)
+#: array names -- a dask array's name is its value's -- so their backward reads the forward's
+#: exponentials instead of recomputing them (~40 ms per 500k x 8 float32 block); a handful are
+#: kept (a training step makes one)
+_FORWARDS: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
+FORWARDS_KEPT = 8
+
+
+def _remember(x: da.Array, probs: da.Array, forwards: list) -> None:
+    _FORWARDS[(x.name, probs.name)] = forwards
+    _FORWARDS.move_to_end((x.name, probs.name))
+    while len(_FORWARDS) > FORWARDS_KEPT:
+        _FORWARDS.popitem(last=False)
 
 
 def _soft_total(dtype: np.dtype, scale: float | None, *partials: np.ndarray) -> np.ndarray:
@@ -259,13 +286,16 @@ def _soft_total(dtype: np.dtype, scale: float | None, *partials: np.ndarray) -> 
 
 
 def _block_soft_grad(g: np.ndarray, x: np.ndarray, probs: np.ndarray, reduction: str, scale: float | None,
-                     which: int) -> np.ndarray:
+                     which: int, forward: tuple | None = None) -> np.ndarray:
     """Input ``which``'s gradient (0: the logits, 1: the probabilities) on one block, as
-    :func:`_block_grad` (a task per gradient: the common step needs only the logits')."""
+    :func:`_block_grad` (a task per gradient: the common step needs only the logits'), from the
+    block's :func:`_block_soft_forward` where there is one (its exponentials: the same bits)."""
     if scale is not None:
         g = np.multiply(g, np.asarray(scale, dtype=x.dtype))  # the forward's constant
     needs = (which == 0, which == 1)
-    grads = cross_entropy.soft_grads(g, x, probs, "none" if reduction == "none" else "sum", needs, BLOCK_STEPS)
+    saved = None if forward is None else (forward[1], forward[2])
+    grads = cross_entropy.soft_grads(g, x, probs, "none" if reduction == "none" else "sum", needs, BLOCK_STEPS,
+                                     saved)
     return np.asarray(grads[which])
 
 
@@ -288,7 +318,14 @@ def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -
     pairs = list(zip(_row_blocks(x), _row_blocks(probs)))
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
     if reduction != "none" and _one_aggregate(len(pairs)):
-        partials = _stacked("soft-cross-entropy-partial", _block_soft_partial, pairs, ((1,) * len(pairs),), x.dtype)
+        name = f"soft-cross-entropy-forward-{uuid.uuid4().hex}"
+        forwards = []
+        for i, (xb, pb) in enumerate(pairs):
+            with cluster.pinned(i):
+                forwards.append(dask.delayed(_block_soft_forward, pure=False)(xb, pb, dask_key_name=(name, i)))
+        _remember(x, probs, forwards)
+        partials = _stacked("soft-cross-entropy-partial", _forward_partial, [(f,) for f in forwards],
+                            ((1,) * len(pairs),), x.dtype)
         name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
         with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
             total = dask.delayed(_soft_total, pure=False)(
@@ -316,9 +353,12 @@ def soft_cross_entropy_vjp(g: da.Array, x: da.Array, probs: da.Array, *, needs: 
         gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
     scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None
     blocks = list(zip(gs, _row_blocks(x), _row_blocks(probs)))
+    forwards = _FORWARDS.get((x.name, probs.name)) if reduction != "none" else None
+    if forwards is None or len(forwards) != len(blocks):
+        forwards = [None] * len(blocks)
     out = []
     for which, need in enumerate(needs):
-        calls = [(gb, xb, pb, reduction, scale, which) for gb, xb, pb in blocks]
+        calls = [(gb, xb, pb, reduction, scale, which, fw) for (gb, xb, pb), fw in zip(blocks, forwards)]
         out.append(_stacked("soft-cross-entropy-grad", _block_soft_grad, calls, x.chunks, x.dtype) if need else None)
     return tuple(out)
 

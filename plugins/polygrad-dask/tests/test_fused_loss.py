@@ -351,8 +351,10 @@ def test_fused_soft_cross_entropy_is_the_composite_bit_for_bit(problem, partitio
 
 @pytest.mark.usefixtures("dask_cluster")
 def test_the_fused_soft_op_runs_a_task_per_row_block():
-    """2 row blocks: the loss is 2 block tasks and one total (the composite builds about 25), its
-    backward one task per block (only the logits take a gradient)."""
+    """2 row blocks: the loss is 2 block tasks, their 2 partial sums and one total (the composite
+    builds about 25), its backward one task per block (only the logits take a gradient), which
+    reads the block's forward (its exponentials) instead of recomputing it."""
+    from dask.core import get_dependencies
     polygrad_dask.chunks.set_partitions(2)
     rng = np.random.default_rng(2)
     x, probs = rng.standard_normal((40, 4)), np.eye(4)[np.arange(40) % 4]
@@ -361,10 +363,15 @@ def test_the_fused_soft_op_runs_a_task_per_row_block():
         base = len(logits._data.__dask_graph__()) + len(target._data.__dask_graph__())
         loss = nn.cross_entropy(logits, target)
         assert loss._node.op == Op.SOFT_CROSS_ENTROPY
-        assert len(loss._data.__dask_graph__()) - base == 3
+        assert len(loss._data.__dask_graph__()) - base == 5
+        forwards = {k for k in loss._data.__dask_graph__() if isinstance(k, tuple) and "forward" in k[0]}
+        assert len(forwards) == 2
         loss.backward()
         grad_graph = logits.grad._data.__dask_graph__()
-        assert sum(1 for k in grad_graph if isinstance(k, tuple) and "soft-cross-entropy-grad" in k[0]) == 2
+        grads = [k for k in grad_graph if isinstance(k, tuple) and "soft-cross-entropy-grad" in k[0]]
+        assert len(grads) == 2
+        plain = dict(grad_graph)
+        assert all(len(set(get_dependencies(plain, k)) & forwards) == 1 for k in grads)
         with composite_cross_entropy(SOFT_KEY):
             slow = nn.cross_entropy(logits, target)
         assert len(slow._data.__dask_graph__()) - base > 15
@@ -409,6 +416,36 @@ def test_soft_loss_of_no_rows_gives_numpys_loss(reduction):
         assert loss.numpy().tobytes() == want.numpy().tobytes() and loss.dtype == want.dtype
         assert logits.grad.shape == (0, 3) and target.grad.shape == (0, 3)
         assert pg.stats()["fallbacks_total"] == 0
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_a_backward_whose_forward_is_no_longer_kept_recomputes_it_with_the_same_bits():
+    """The backward finds its forward's tasks by the arrays' names among the latest
+    ``FORWARDS_KEPT`` losses; past them (or after the forward's results were released: the loss
+    read first) it recomputes the exponentials: the composite's bits either way."""
+    from polygrad_dask import loss_kernels
+
+    polygrad_dask.chunks.set_partitions(2)
+    rng = np.random.default_rng(5)
+    x, probs = rng.standard_normal((40, 4)), np.eye(4)[np.arange(40) % 4]
+
+    def run(evict: bool) -> tuple:
+        with pg.use_backend("dask"):
+            logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs)
+            loss = nn.cross_entropy(logits, target)
+            if evict:
+                for _ in range(loss_kernels.FORWARDS_KEPT):
+                    nn.cross_entropy(pg.tensor(x), target)
+                assert (logits._data.name, target._data.name) not in loss_kernels._FORWARDS
+            value = loss.numpy().tobytes()
+            loss.backward()
+            return value, logits.grad.numpy().tobytes()
+
+    kept, evicted = run(False), run(True)
+    with composite_cross_entropy(SOFT_KEY):
+        composite = run(False)
+    assert kept == evicted == composite
+    assert len(loss_kernels._FORWARDS) <= loss_kernels.FORWARDS_KEPT
 
 
 @pytest.mark.usefixtures("dask_cluster")
