@@ -248,7 +248,7 @@ def client() -> Any:
     endpoints on loopback, event loops checked every :data:`TICK_INTERVAL`) started once, on
     first use, and kept."""
     global _own
-    from distributed import Client, LocalCluster, default_client
+    from distributed import Client, default_client
 
     try:
         return default_client()
@@ -257,16 +257,22 @@ def client() -> Any:
     if _own is None or _own.status != "running":
         from .streams import interval_s
 
-        import dask
-
         prompt = interval_s()
-        with dask.config.set({"distributed.admin.tick.interval": TICK_INTERVAL}):
-            own_cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
-                                       scheduler_kwargs=_http_on(LOOPBACK, None),
-                                       worker_dashboard_address=f"{LOOPBACK}:0")
-        _own = _started(Client(own_cluster, set_as_default=True), prompt)
+        _own = _started(Client(in_process_cluster(), set_as_default=True), prompt)
         atexit.register(close, _own)  # a quiet shutdown instead of "lost computed tasks" warnings
     return _own
+
+
+def in_process_cluster() -> Any:
+    """The cluster :func:`client` starts when there is no default Client: one worker of 2
+    threads in this process, no dashboard, HTTP endpoints on loopback, its event loops checked
+    every :data:`TICK_INTERVAL`."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.admin.tick.interval": TICK_INTERVAL}):
+        return LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
+                            scheduler_kwargs=_http_on(LOOPBACK, None), worker_dashboard_address=f"{LOOPBACK}:0")
 
 
 def running() -> bool:

@@ -131,8 +131,9 @@ def test_stream_interval_off_keeps_dasks_and_a_bad_value_is_refused(monkeypatch)
 
 def test_the_tick_interval_is_connects_own_and_dasks_default_stays_elsewhere():
     """The event-loop check every ``cluster.TICK_INTERVAL`` (not dask's 20 ms) holds for clusters
-    polygrad starts -- worker processes, their scheduler, and the in-process cluster started on
-    first use -- and leaves dask's config as it was for everything else."""
+    polygrad starts -- worker processes and their scheduler (above), and the in-process cluster
+    ``cluster.client()`` starts when there is no default Client -- and leaves dask's config as it
+    was for everything else."""
     import dask
     from distributed import LocalCluster
 
@@ -140,22 +141,12 @@ def test_the_tick_interval_is_connects_own_and_dasks_default_stays_elsewhere():
 
     assert dask.utils.parse_timedelta(cluster.TICK_INTERVAL, default="ms") * 1000 == TICK_MS
     assert dask.config.get("distributed.admin.tick.interval") in ("20ms", "20 ms")
+    own = cluster.in_process_cluster()
+    try:
+        assert _tick_ms(own.scheduler) == TICK_MS
+        assert {_tick_ms(w) for w in own.workers.values()} == {TICK_MS}
+    finally:
+        own.close()
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as plain:
         assert _tick_ms(plain.scheduler) == DASK_TICK_MS   # connect's setting did not leak
-    saved, cluster._own = cluster._own, None
-    try:
-        import distributed
-
-        with pytest.raises(ValueError):
-            distributed.default_client()
-        own = cluster.client()
-        assert own.run_on_scheduler(_scheduler_tick_ms) == TICK_MS
-        assert set(own.run(_tick_ms_of_worker).values()) == {TICK_MS}
-    finally:
-        if cluster._own is not None and cluster._own is not saved:
-            cluster.close(cluster._own)
-        cluster._own = saved
-
-
-def _tick_ms_of_worker(dask_worker=None) -> float:
-    return _tick_ms(dask_worker)
+        assert {_tick_ms(w) for w in plain.workers.values()} == {DASK_TICK_MS}
