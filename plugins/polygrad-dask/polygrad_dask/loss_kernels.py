@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import uuid
+import weakref
 from typing import Any
 
 import dask
@@ -263,19 +264,36 @@ def _forward_partial(forward: tuple) -> np.ndarray:
     return forward[0]
 
 
-#: the per-block forward tasks of the latest soft cross-entropies, by (logits, probabilities)
-#: array names -- a dask array's name is its value's -- so their backward reads the forward's
-#: exponentials instead of recomputing them (~40 ms per 500k x 8 float32 block); a handful are
-#: kept (a training step makes one)
-_FORWARDS: "collections.OrderedDict[tuple, list]" = collections.OrderedDict()
+#: the per-block forward tasks of soft cross-entropies whose loss array is alive, by (logits,
+#: probabilities) array names -- a dask array's name is its value's -- so their backward reads the
+#: forward's exponentials instead of recomputing them (~40 ms per 500k x 8 float32 block).  An
+#: entry goes with its loss array (a weak reference's callback), so it keeps no graph alive that
+#: the loss does not; at most FORWARDS_KEPT are held in any case (a training step makes one).
+_FORWARDS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
 FORWARDS_KEPT = 8
 
 
-def _remember(x: da.Array, probs: da.Array, forwards: list) -> None:
-    _FORWARDS[(x.name, probs.name)] = forwards
-    _FORWARDS.move_to_end((x.name, probs.name))
+def _remember(x: da.Array, probs: da.Array, loss: da.Array, forwards: list) -> None:
+    key = (x.name, probs.name)
+
+    def forget(ref: Any) -> None:
+        entry = _FORWARDS.get(key)
+        if entry is not None and entry[0] is ref:
+            _FORWARDS.pop(key, None)
+
+    _FORWARDS[key] = (weakref.ref(loss, forget), forwards)
+    _FORWARDS.move_to_end(key)
     while len(_FORWARDS) > FORWARDS_KEPT:
         _FORWARDS.popitem(last=False)
+
+
+def _forwards_of(x: da.Array, probs: da.Array, blocks: int) -> list:
+    """The forward tasks of ``x`` and ``probs``'s loss, while that loss array lives, else Nones
+    (the backward then recomputes the exponentials)."""
+    entry = _FORWARDS.get((x.name, probs.name))
+    if entry is None or entry[0]() is None or len(entry[1]) != blocks:
+        return [None] * blocks
+    return list(entry[1])
 
 
 def _soft_total(dtype: np.dtype, scale: float | None, *partials: np.ndarray) -> np.ndarray:
@@ -323,14 +341,15 @@ def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -
         for i, (xb, pb) in enumerate(pairs):
             with cluster.pinned(i):
                 forwards.append(dask.delayed(_block_soft_forward, pure=False)(xb, pb, dask_key_name=(name, i)))
-        _remember(x, probs, forwards)
         partials = _stacked("soft-cross-entropy-partial", _forward_partial, [(f,) for f in forwards],
                             ((1,) * len(pairs),), x.dtype)
         name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
         with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
             total = dask.delayed(_soft_total, pure=False)(
                 x.dtype, scale, *partials.to_delayed(optimize_graph=False), dask_key_name=(name,))
-        return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
+        loss = da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
+        _remember(x, probs, loss, forwards)
+        return loss
     losses = _stacked("soft-cross-entropy-rows", _block_soft_losses, pairs, (x.chunks[0],), x.dtype)
     if reduction == "none":
         return losses
@@ -353,9 +372,7 @@ def soft_cross_entropy_vjp(g: da.Array, x: da.Array, probs: da.Array, *, needs: 
         gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
     scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None
     blocks = list(zip(gs, _row_blocks(x), _row_blocks(probs)))
-    forwards = _FORWARDS.get((x.name, probs.name)) if reduction != "none" else None
-    if forwards is None or len(forwards) != len(blocks):
-        forwards = [None] * len(blocks)
+    forwards = _forwards_of(x, probs, len(blocks)) if reduction != "none" else [None] * len(blocks)
     out = []
     for which, need in enumerate(needs):
         calls = [(gb, xb, pb, reduction, scale, which, fw) for (gb, xb, pb), fw in zip(blocks, forwards)]

@@ -433,9 +433,10 @@ def test_a_backward_whose_forward_is_no_longer_kept_recomputes_it_with_the_same_
         with pg.use_backend("dask"):
             logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs)
             loss = nn.cross_entropy(logits, target)
+            others = []   # losses kept alive: their entries push the first one out
             if evict:
                 for _ in range(loss_kernels.FORWARDS_KEPT):
-                    nn.cross_entropy(pg.tensor(x), target)
+                    others.append(nn.cross_entropy(pg.tensor(x), target))
                 assert (logits._data.name, target._data.name) not in loss_kernels._FORWARDS
             value = loss.numpy().tobytes()
             loss.backward()
@@ -446,6 +447,29 @@ def test_a_backward_whose_forward_is_no_longer_kept_recomputes_it_with_the_same_
         composite = run(False)
     assert kept == evicted == composite
     assert len(loss_kernels._FORWARDS) <= loss_kernels.FORWARDS_KEPT
+
+
+@pytest.mark.usefixtures("dask_cluster")
+def test_a_forward_is_remembered_only_while_its_loss_lives():
+    """The entry that lets a backward read its forward goes with the loss array: it keeps no graph
+    (and no futures in it) alive that the loss would not; a backward after that recomputes."""
+    import gc
+
+    from polygrad_dask import loss_kernels
+
+    polygrad_dask.chunks.set_partitions(2)
+    rng = np.random.default_rng(6)
+    x, probs = rng.standard_normal((40, 4)), np.eye(4)[np.arange(40) % 4]
+    with pg.use_backend("dask"):
+        logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs)
+        key = (logits._data.name, target._data.name)
+        loss = nn.cross_entropy(logits, target)
+        assert key in loss_kernels._FORWARDS
+        assert loss_kernels._forwards_of(logits._data, target._data, 2)[0] is not None
+        del loss
+        gc.collect()
+        assert key not in loss_kernels._FORWARDS
+        assert loss_kernels._forwards_of(logits._data, target._data, 2) == [None, None]
 
 
 @pytest.mark.usefixtures("dask_cluster")
