@@ -95,6 +95,8 @@ def _spawn_environment(heap: dict):
 #: against 14 and 4-5 at 1 s; at 1M nodes, in 3 interleaved pairs, the epoch took 0.67-0.93 of
 #: the time at 20 ms and the client's CPU per epoch 0.15-0.21 s against 0.24-0.31.
 TICK_INTERVAL = "500ms"
+#: dask's config setting it
+_TICK = {"distributed.admin.tick.interval": TICK_INTERVAL}
 
 #: where clusters started here listen (scheduler, workers, HTTP endpoints): this machine only
 LOOPBACK = "127.0.0.1"
@@ -214,7 +216,7 @@ def connect(scheduler: str | None = None, workers: int | None = None, threads_pe
     # ``dask.config.set`` restores in place, so a worker the nanny (re)starts later -- after a kill,
     # or late on a loaded machine -- would otherwise profile, spill and pause with dask's defaults.
     worker_config = {**NO_SPILL_NO_PAUSE, "distributed.worker.profile.enabled": dashboard_address is not None,
-                     "distributed.admin.tick.interval": TICK_INTERVAL}
+                     **_TICK}
     # the heap settings go to each worker process as it starts (its nanny reads them once: restarts too)
     with _spawn_environment(heap_environ(memory_limit)), \
             dask.config.set({**worker_config, "distributed.scheduler.work-stealing": False}):
@@ -270,7 +272,7 @@ def in_process_cluster() -> Any:
     import dask
     from distributed import LocalCluster
 
-    with dask.config.set({"distributed.admin.tick.interval": TICK_INTERVAL}):
+    with dask.config.set(_TICK):
         return LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
                             scheduler_kwargs=_http_on(LOOPBACK, None), worker_dashboard_address=f"{LOOPBACK}:0")
 

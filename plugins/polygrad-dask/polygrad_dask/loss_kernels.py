@@ -161,12 +161,17 @@ def _stacked(prefix: str, fn: Any, calls: list, chunks: tuple, dtype: Any) -> da
     """The dask array whose row block ``i`` is ``fn(*calls[i])``, run on row block ``i``'s worker,
     each task keyed as the array's own chunk (no alias tasks)."""
     name = f"{prefix}-{uuid.uuid4().hex}"
-    tail = (0,) * (len(chunks) - 1)
+    done = _block_tasks(name, fn, calls, (0,) * (len(chunks) - 1))
+    return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=done), name, chunks, dtype=dtype)
+
+
+def _block_tasks(name: str, fn: Any, calls: list, tail: tuple = ()) -> list:
+    """Delayed ``fn(*calls[i])`` keyed ``(name, i, *tail)``, each on row block ``i``'s worker."""
     done = []
     for i, args in enumerate(calls):
         with cluster.pinned(i):
             done.append(dask.delayed(fn, pure=False)(*args, dask_key_name=(name, i) + tail))
-    return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=done), name, chunks, dtype=dtype)
+    return done
 
 
 def _target_blocks(x: da.Array, target: np.ndarray) -> list:
@@ -244,9 +249,9 @@ def _one_aggregate(blocks: int) -> bool:
     return isinstance(split_every, int) and blocks <= max(split_every, 2)
 
 
-def _block_soft_losses(x: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """The rows' losses ``[rows]`` of one block (reduction "none")."""
-    return np.asarray(cross_entropy.soft_loss(x, probs, "none", BLOCK_STEPS))
+def _block_soft_losses(x: np.ndarray, probs: np.ndarray, keep: dict | None = None) -> np.ndarray:
+    """The rows' losses ``[rows]`` of one block (reduction "none"; ``keep``: ``soft_loss``'s)."""
+    return np.asarray(cross_entropy.soft_loss(x, probs, "none", BLOCK_STEPS, keep))
 
 
 def _block_soft_forward(x: np.ndarray, probs: np.ndarray) -> tuple:
@@ -254,7 +259,7 @@ def _block_soft_forward(x: np.ndarray, probs: np.ndarray) -> tuple:
     forward's ``exp(shifted)`` and row sums, which the block's backward then reads instead of
     recomputing them."""
     keep: dict = {}
-    losses = np.asarray(cross_entropy.soft_loss(x, probs, "none", BLOCK_STEPS, keep))
+    losses = _block_soft_losses(x, probs, keep)
     return np.sum(losses, axis=(0,), keepdims=True, dtype=_sum_dtype(losses.dtype)), keep["e"], keep["s"]
 
 
@@ -336,11 +341,7 @@ def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -
     pairs = list(zip(_row_blocks(x), _row_blocks(probs)))
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
     if reduction != "none" and _one_aggregate(len(pairs)):
-        name = f"soft-cross-entropy-forward-{uuid.uuid4().hex}"
-        forwards = []
-        for i, (xb, pb) in enumerate(pairs):
-            with cluster.pinned(i):
-                forwards.append(dask.delayed(_block_soft_forward, pure=False)(xb, pb, dask_key_name=(name, i)))
+        forwards = _block_tasks(f"soft-cross-entropy-forward-{uuid.uuid4().hex}", _block_soft_forward, pairs)
         partials = _stacked("soft-cross-entropy-partial", _forward_partial, [(f,) for f in forwards],
                             ((1,) * len(pairs),), x.dtype)
         name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
