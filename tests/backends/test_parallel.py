@@ -262,58 +262,61 @@ def test_gcn_training_is_bit_identical_at_any_thread_count_even_when_it_changes(
 @FAST
 @given(st.integers(0, 2**31), st.sampled_from(["rmat", "uniform", "huge_row", "empty_rows", "repeats"]),
        st.integers(1, 3000))
-def test_construction_is_identical_at_any_thread_count(monkeypatch, seed, kind, edges):
-    from polygrad.sparse import pattern as pattern_module
+def test_construction_is_identical_at_any_thread_count(seed, kind, edges):
+    # a patch of its own per example: the monkeypatch fixture undoes only at the end of the test,
+    # so each example would wrap the previous one's spy (a RecursionError at ~1,000 examples)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        from polygrad.sparse import pattern as pattern_module
 
-    monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
-    blocks: list[int] = []
-    real = pattern_module.run_blocks
+        monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
+        blocks: list[int] = []
+        real = pattern_module.run_blocks
 
-    def spy(fn, items, threads=None):
-        items = list(items)
-        blocks.append(len(items))
-        return real(fn, items, threads)
+        def spy(fn, items, threads=None):
+            items = list(items)
+            blocks.append(len(items))
+            return real(fn, items, threads)
 
-    monkeypatch.setattr(pattern_module, "run_blocks", spy)
-    rng = np.random.default_rng(seed)
-    n = 256
-    if kind == "rmat":
-        rows, cols = rmat_edges(rng, 8, edges)
-    else:
-        rows, cols = rng.integers(0, n, edges), rng.integers(0, n, edges)
-        if kind == "huge_row":
-            rows[: edges // 2] = 7
-        elif kind == "empty_rows":
-            rows = rows - rows % 3  # two rows in three empty
-        elif kind == "repeats":
-            rows, cols = rows % 5, cols % 4  # at most 20 distinct entries: mostly duplicates
-    # the serial definition: scipy's stable counting sort by row, then each row's columns sorted
-    indptr = np.empty(n + 1, dtype=np.int64)
-    sorted_cols, perm = np.empty(edges, dtype=np.int64), np.empty(edges, dtype=np.int64)
-    _sparsetools.coo_tocsr(n, n, edges, rows, cols, np.arange(edges, dtype=np.int64), indptr, sorted_cols, perm)
-    _sparsetools.csr_sort_indices(n, indptr, sorted_cols, perm)
-    before = pg.get_num_threads()
-    try:
-        built = []
-        for count in THREAD_COUNTS:
-            pg.set_num_threads(count)
-            p, perm_got, slot = Pattern.from_coo((n, n), rows, cols)
-            built.append((p.indptr, p.cols, perm_got, slot))
-            got = pattern_module.sort_by_row(n, n, rows, cols)
-            pattern_module.sort_row_indices(n, got[0], got[1], got[2])
-            assert all(np.array_equal(a, b) for a, b in zip(got, (indptr, sorted_cols, perm)))
-    finally:
-        pg.set_num_threads(before)
-    for other in built[1:]:
-        for a, b in zip(built[0], other):
-            assert (a is None and b is None) or np.array_equal(a, b)
-    assert edges < 50 or max(blocks) > 1  # the parallel forms really ran (on unordered input)
-    # canonical: sorted by (row, col), no repeats; with repeats, each entry's slot holds its key
-    p, _, slot = Pattern.from_coo((n, n), rows, cols)
-    keys = p.rows * n + p.cols
-    assert (np.diff(keys) > 0).all() and set(keys.tolist()) == set((rows * n + cols).tolist())
-    if slot is not None:
-        assert np.array_equal(keys[slot], rows * n + cols)
+        monkeypatch.setattr(pattern_module, "run_blocks", spy)
+        rng = np.random.default_rng(seed)
+        n = 256
+        if kind == "rmat":
+            rows, cols = rmat_edges(rng, 8, edges)
+        else:
+            rows, cols = rng.integers(0, n, edges), rng.integers(0, n, edges)
+            if kind == "huge_row":
+                rows[: edges // 2] = 7
+            elif kind == "empty_rows":
+                rows = rows - rows % 3  # two rows in three empty
+            elif kind == "repeats":
+                rows, cols = rows % 5, cols % 4  # at most 20 distinct entries: mostly duplicates
+        # the serial definition: scipy's stable counting sort by row, then each row's columns sorted
+        indptr = np.empty(n + 1, dtype=np.int64)
+        sorted_cols, perm = np.empty(edges, dtype=np.int64), np.empty(edges, dtype=np.int64)
+        _sparsetools.coo_tocsr(n, n, edges, rows, cols, np.arange(edges, dtype=np.int64), indptr, sorted_cols, perm)
+        _sparsetools.csr_sort_indices(n, indptr, sorted_cols, perm)
+        before = pg.get_num_threads()
+        try:
+            built = []
+            for count in THREAD_COUNTS:
+                pg.set_num_threads(count)
+                p, perm_got, slot = Pattern.from_coo((n, n), rows, cols)
+                built.append((p.indptr, p.cols, perm_got, slot))
+                got = pattern_module.sort_by_row(n, n, rows, cols)
+                pattern_module.sort_row_indices(n, got[0], got[1], got[2])
+                assert all(np.array_equal(a, b) for a, b in zip(got, (indptr, sorted_cols, perm)))
+        finally:
+            pg.set_num_threads(before)
+        for other in built[1:]:
+            for a, b in zip(built[0], other):
+                assert (a is None and b is None) or np.array_equal(a, b)
+        assert edges < 50 or max(blocks) > 1  # the parallel forms really ran (on unordered input)
+        # canonical: sorted by (row, col), no repeats; with repeats, each entry's slot holds its key
+        p, _, slot = Pattern.from_coo((n, n), rows, cols)
+        keys = p.rows * n + p.cols
+        assert (np.diff(keys) > 0).all() and set(keys.tolist()) == set((rows * n + cols).tolist())
+        if slot is not None:
+            assert np.array_equal(keys[slot], rows * n + cols)
 
 
 def _serial_dropout_mask(size: int, p: float, chunk: int, dtype) -> np.ndarray:
