@@ -82,10 +82,14 @@ def _exp_sum(shifted: Any, k: Steps) -> tuple[Any, Any]:
     return e, k.sum(e, (1,), True)
 
 
-def loss(x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
-    """The loss of logits ``x [N, C]`` at classes ``target``: ``[N]`` for "none", else ``()``."""
+def loss(x: Any, target: np.ndarray, reduction: str, k: Steps, keep: dict | None = None) -> Any:
+    """The loss of logits ``x [N, C]`` at classes ``target``: ``[N]`` for "none", else ``()``.
+    ``keep`` (a dict) receives the forward's ``exp(shifted)`` and its row sums as ``"e"`` and
+    ``"s"``, which :func:`logits_grad` takes instead of recomputing them (as :func:`soft_loss`)."""
     shifted = _shifted(x, k)
-    _, s = _exp_sum(shifted, k)
+    e, s = _exp_sum(shifted, k)
+    if keep is not None:
+        keep.update(e=e, s=s)
     losses = k.neg(k.getitem(_logp(shifted, s, k), picked_index(target)))
     if reduction == "none":
         return losses
@@ -93,10 +97,12 @@ def loss(x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
     return k.mul(total, k.const(total, mean_scale(target.shape[0]))) if reduction == "mean" else total
 
 
-def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps) -> Any:
-    """``dx`` from the loss's gradient ``g``: the composite's backward, rule by rule."""
+def logits_grad(g: Any, x: Any, target: np.ndarray, reduction: str, k: Steps, saved: tuple | None = None) -> Any:
+    """``dx`` from the loss's gradient ``g``: the composite's backward, rule by rule (the
+    exponentials recomputed, or the forward's own ``(e, s)``, ``saved`` from :func:`loss`'s
+    ``keep``: the same bits either way)."""
     n, c = x.shape
-    e, s = _recomputed(x, k)
+    e, s = _recomputed(x, k) if saved is None else saved
     g = _row_upstream(g, x, reduction, k)
     d_logp = k.index_add(k.neg(g), picked_index(target), (n, c))  # neg rule, getitem rule
     return _log_softmax_grad(d_logp, e, s, n, c, k)

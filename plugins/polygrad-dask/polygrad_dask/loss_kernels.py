@@ -108,9 +108,23 @@ NUMPY_STEPS = KernelSteps({**BLOCK_KERNELS,
 
 # -- per-block work (runs on the workers) ----------------------------------------------------------
 
-def _block_losses(x: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """The rows' losses ``[rows]`` of one logits block (reduction "none")."""
-    return np.asarray(cross_entropy.loss(x, target, "none", BLOCK_STEPS))
+def _block_losses(x: np.ndarray, target: np.ndarray, keep: dict | None = None) -> np.ndarray:
+    """The rows' losses ``[rows]`` of one logits block (reduction "none"; ``keep``: ``loss``'s)."""
+    return np.asarray(cross_entropy.loss(x, target, "none", BLOCK_STEPS, keep))
+
+
+def _block_forward(x: np.ndarray, target: np.ndarray) -> tuple:
+    """The block's rows' losses with the forward's ``exp(shifted)`` and row sums, which the
+    block's backward then reads instead of recomputing them."""
+    keep: dict = {}
+    losses = _block_losses(x, target, keep)
+    return losses, keep["e"], keep["s"]
+
+
+def _forward_first(forward: tuple) -> np.ndarray:
+    """The first result of a per-block forward task (its losses, or a soft loss's partial sum): a
+    task of its own on the block's worker, so only that travels on, not the block's exponentials."""
+    return forward[0]
 
 
 def _reduce_one_chunk(dtype: np.dtype, scale: float | None, *blocks: np.ndarray) -> np.ndarray:
@@ -122,14 +136,16 @@ def _reduce_one_chunk(dtype: np.dtype, scale: float | None, *blocks: np.ndarray)
 
 
 def _block_grad(g: np.ndarray, x: np.ndarray, target: np.ndarray, reduction: str,
-                scale: float | None) -> np.ndarray:
+                scale: float | None, forward: tuple | None = None) -> np.ndarray:
     """The logits' gradient on one block from the loss's gradient ``g`` (``()`` for "sum" and
     "mean", the block's rows for "none").  "mean" scales ``g`` first, as the composite's mul rule
-    does with the whole array's ``1/N``; then the rows are those of a "sum" over this block."""
+    does with the whole array's ``1/N``; then the rows are those of a "sum" over this block.  The
+    exponentials are the block's :func:`_block_forward`'s where there is one (the same bits)."""
     if scale is not None:
         g = np.multiply(g, np.asarray(scale, dtype=x.dtype))  # the forward's constant
+    saved = None if forward is None else (forward[1], forward[2])
     return np.asarray(cross_entropy.logits_grad(g, x, target, "none" if reduction == "none" else "sum",
-                                                BLOCK_STEPS))
+                                                BLOCK_STEPS, saved))
 
 
 # -- graph building (on the client) ----------------------------------------------------------------
@@ -202,16 +218,20 @@ def cross_entropy_kernel(x: da.Array, *, target: np.ndarray, reduction: str) -> 
         return da.from_array(cross_entropy.loss(np.zeros(x.shape, x.dtype), target, reduction, NUMPY_STEPS))
     if not _serves(x):
         return cross_entropy.loss(x, target, reduction, _dask_steps())
-    losses = _stacked("cross-entropy-rows", _block_losses, list(zip(_row_blocks(x), _target_blocks(x, target))),
-                      (x.chunks[0],), x.dtype)
+    pairs = list(zip(_row_blocks(x), _target_blocks(x, target)))
     chunks = vindex_chunks(x)
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
     if reduction != "none" and len(chunks[0]) == 1:
+        forwards = _block_tasks(f"cross-entropy-forward-{uuid.uuid4().hex}", _block_forward, pairs)
+        losses = _stacked("cross-entropy-rows", _forward_first, [(f,) for f in forwards], (x.chunks[0],), x.dtype)
         name = f"cross-entropy-total-{uuid.uuid4().hex}"
         with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
             total = dask.delayed(_reduce_one_chunk, pure=False)(
                 x.dtype, scale, *losses.to_delayed(optimize_graph=False), dask_key_name=(name,))
-        return da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
+        loss = da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
+        _remember(_classes_key(x), loss, forwards)
+        return loss
+    losses = _stacked("cross-entropy-rows", _block_losses, pairs, (x.chunks[0],), x.dtype)
     losses = losses.rechunk(chunks)  # "none" hands later ops the composite's chunks
     if reduction == "none":
         return losses
@@ -233,7 +253,9 @@ def cross_entropy_vjp(g: da.Array, x: da.Array, *, needs: tuple, target: np.ndar
     else:
         gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
     scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None
-    calls = [(gb, xb, tb, reduction, scale) for gb, xb, tb in zip(gs, _row_blocks(x), _target_blocks(x, target))]
+    blocks = list(zip(gs, _row_blocks(x), _target_blocks(x, target)))
+    forwards = _forwards_of(_classes_key(x), len(blocks)) if reduction != "none" else [None] * len(blocks)
+    calls = [(gb, xb, tb, reduction, scale, fw) for (gb, xb, tb), fw in zip(blocks, forwards)]
     return (_stacked("cross-entropy-grad", _block_grad, calls, x.chunks, x.dtype),)
 
 
@@ -263,24 +285,27 @@ def _block_soft_forward(x: np.ndarray, probs: np.ndarray) -> tuple:
     return np.sum(losses, axis=(0,), keepdims=True, dtype=_sum_dtype(losses.dtype)), keep["e"], keep["s"]
 
 
-def _forward_partial(forward: tuple) -> np.ndarray:
-    """The partial sum of a :func:`_block_soft_forward` (a task of its own on the block's worker:
-    only it travels to the total, not the block's exponentials)."""
-    return forward[0]
-
-
-#: the per-block forward tasks of soft cross-entropies whose loss array is alive, by (logits,
-#: probabilities) array names -- a dask array's name is its value's -- so their backward reads the
-#: forward's exponentials instead of recomputing them (~40 ms per 500k x 8 float32 block).  An
-#: entry goes with its loss array (a weak reference's callback), so it keeps no graph alive that
-#: the loss does not; at most FORWARDS_KEPT are held in any case (a training step makes one).
+#: the per-block forward tasks of cross-entropies whose loss array is alive, by their inputs'
+#: array names (a dask array's name is its value's: :func:`_classes_key`, :func:`_soft_key`), so
+#: their backward reads the forward's exponentials instead of recomputing them (~40 ms per
+#: 500k x 8 float32 block).  An entry goes with its loss array (a weak reference's callback), so it
+#: keeps no graph alive that the loss does not; at most FORWARDS_KEPT are held in any case (a
+#: training step makes one).
 _FORWARDS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
 FORWARDS_KEPT = 8
 
 
-def _remember(x: da.Array, probs: da.Array, loss: da.Array, forwards: list) -> None:
-    key = (x.name, probs.name)
+def _classes_key(x: da.Array) -> tuple:
+    """The entry of an integer-target loss of logits ``x``: the kept exponentials and sums are
+    ``x``'s alone (the target only picks the losses), so the logits name it."""
+    return ("classes", x.name)
 
+
+def _soft_key(x: da.Array, probs: da.Array) -> tuple:
+    return ("probabilities", x.name, probs.name)
+
+
+def _remember(key: tuple, loss: da.Array, forwards: list) -> None:
     def forget(ref: Any) -> None:
         entry = _FORWARDS.get(key)
         if entry is not None and entry[0] is ref:
@@ -292,10 +317,10 @@ def _remember(x: da.Array, probs: da.Array, loss: da.Array, forwards: list) -> N
         _FORWARDS.popitem(last=False)
 
 
-def _forwards_of(x: da.Array, probs: da.Array, blocks: int) -> list:
-    """The forward tasks of ``x`` and ``probs``'s loss, while that loss array lives, else Nones
-    (the backward then recomputes the exponentials)."""
-    entry = _FORWARDS.get((x.name, probs.name))
+def _forwards_of(key: tuple, blocks: int) -> list:
+    """The forward tasks of the loss ``key`` names, while that loss array lives, else Nones (the
+    backward then recomputes the exponentials)."""
+    entry = _FORWARDS.get(key)
     if entry is None or entry[0]() is None or len(entry[1]) != blocks:
         return [None] * blocks
     return list(entry[1])
@@ -342,14 +367,14 @@ def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
     if reduction != "none" and _one_aggregate(len(pairs)):
         forwards = _block_tasks(f"soft-cross-entropy-forward-{uuid.uuid4().hex}", _block_soft_forward, pairs)
-        partials = _stacked("soft-cross-entropy-partial", _forward_partial, [(f,) for f in forwards],
+        partials = _stacked("soft-cross-entropy-partial", _forward_first, [(f,) for f in forwards],
                             ((1,) * len(pairs),), x.dtype)
         name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
         with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
             total = dask.delayed(_soft_total, pure=False)(
                 x.dtype, scale, *partials.to_delayed(optimize_graph=False), dask_key_name=(name,))
         loss = da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
-        _remember(x, probs, loss, forwards)
+        _remember(_soft_key(x, probs), loss, forwards)
         return loss
     losses = _stacked("soft-cross-entropy-rows", _block_soft_losses, pairs, (x.chunks[0],), x.dtype)
     if reduction == "none":
@@ -373,7 +398,7 @@ def soft_cross_entropy_vjp(g: da.Array, x: da.Array, probs: da.Array, *, needs: 
         gs = [g.to_delayed(optimize_graph=False)[()]] * len(x.chunks[0])
     scale = cross_entropy.mean_scale(x.shape[0]) if reduction == "mean" else None
     blocks = list(zip(gs, _row_blocks(x), _row_blocks(probs)))
-    forwards = _forwards_of(x, probs, len(blocks)) if reduction != "none" else [None] * len(blocks)
+    forwards = _forwards_of(_soft_key(x, probs), len(blocks)) if reduction != "none" else [None] * len(blocks)
     out = []
     for which, need in enumerate(needs):
         calls = [(gb, xb, pb, reduction, scale, which, fw) for (gb, xb, pb), fw in zip(blocks, forwards)]

@@ -139,17 +139,25 @@ def test_losses_keep_the_composite_chunks_across_several_vindex_chunks():
 
 @pytest.mark.usefixtures("dask_cluster")
 def test_the_fused_op_runs_one_task_per_row_block():
-    """What the kernel is for: the loss of 4 row blocks is 4 block tasks and one total (the
-    composite builds dozens), and its backward one task per block."""
+    """What the kernel is for: the loss of 4 row blocks is 4 block tasks, the 4 tiny tasks that
+    hand their losses on, and one total (the composite builds dozens); its backward one task per
+    block, which reads the block's forward (its exponentials) instead of recomputing it."""
+    from dask.core import get_dependencies
+
     polygrad_dask.chunks.set_partitions(4)
     x = np.random.default_rng(2).standard_normal((40, 4))  # 4 classes: the losses are one vindex chunk
     with pg.use_backend("dask"):
         logits = pg.tensor(x, requires_grad=True)
         loss = nn.cross_entropy(logits, np.arange(40) % 4)
-        assert len(loss._data.__dask_graph__()) - len(logits._data.__dask_graph__()) == 5
+        assert len(loss._data.__dask_graph__()) - len(logits._data.__dask_graph__()) == 9
+        forwards = {k for k in loss._data.__dask_graph__() if isinstance(k, tuple) and "forward" in k[0]}
+        assert len(forwards) == 4
         loss.backward()
         grad_graph = logits.grad._data.__dask_graph__()
-        assert sum(1 for k in grad_graph if isinstance(k, tuple) and "cross-entropy-grad" in k[0]) == 4
+        grads = [k for k in grad_graph if isinstance(k, tuple) and "cross-entropy-grad" in k[0]]
+        assert len(grads) == 4
+        plain = dict(grad_graph)
+        assert all(len(set(get_dependencies(plain, k)) & forwards) == 1 for k in grads)
         with composite_cross_entropy():
             slow = nn.cross_entropy(logits, np.arange(40) % 4)
         assert len(slow._data.__dask_graph__()) - len(logits._data.__dask_graph__()) > 30
@@ -418,39 +426,54 @@ def test_soft_loss_of_no_rows_gives_numpys_loss(reduction):
         assert pg.stats()["fallbacks_total"] == 0
 
 
+def _forward_key(logits: pg.Tensor, target: pg.Tensor | np.ndarray) -> tuple:
+    """The ``loss_kernels._FORWARDS`` entry of ``logits``' loss at ``target`` (classes or probabilities)."""
+    from polygrad_dask import loss_kernels
+
+    if isinstance(target, np.ndarray):
+        return loss_kernels._classes_key(logits._data)
+    return loss_kernels._soft_key(logits._data, target._data)
+
+
+def _targets(soft: bool, n: int = 40, c: int = 4) -> pg.Tensor | np.ndarray:
+    classes = np.arange(n) % c
+    return pg.tensor(np.eye(c)[classes]) if soft else classes
+
+
 @pytest.mark.usefixtures("dask_cluster")
-def test_a_backward_whose_forward_is_no_longer_kept_recomputes_it_with_the_same_bits():
+@pytest.mark.parametrize("soft", [True, False])
+def test_a_backward_whose_forward_is_no_longer_kept_recomputes_it_with_the_same_bits(soft):
     """The backward finds its forward's tasks by the arrays' names among the latest
     ``FORWARDS_KEPT`` losses; past them (or after the forward's results were released: the loss
     read first) it recomputes the exponentials: the composite's bits either way."""
     from polygrad_dask import loss_kernels
 
     polygrad_dask.chunks.set_partitions(2)
-    rng = np.random.default_rng(5)
-    x, probs = rng.standard_normal((40, 4)), np.eye(4)[np.arange(40) % 4]
+    x = np.random.default_rng(5).standard_normal((40, 4))
 
-    def run(evict: bool) -> tuple:
+    def run(evict: bool, read_first: bool) -> tuple:
         with pg.use_backend("dask"):
-            logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs)
+            logits, target = pg.tensor(x, requires_grad=True), _targets(soft)
             loss = nn.cross_entropy(logits, target)
             others = []   # losses kept alive: their entries push the first one out
             if evict:
-                for _ in range(loss_kernels.FORWARDS_KEPT):
-                    others.append(nn.cross_entropy(pg.tensor(x), target))
-                assert (logits._data.name, target._data.name) not in loss_kernels._FORWARDS
-            value = loss.numpy().tobytes()
+                for k in range(loss_kernels.FORWARDS_KEPT):
+                    others.append(nn.cross_entropy(pg.tensor(x + k + 1), target))
+                assert _forward_key(logits, target) not in loss_kernels._FORWARDS
+            value = loss.numpy().tobytes() if read_first else None
             loss.backward()
-            return value, logits.grad.numpy().tobytes()
+            return value or loss.numpy().tobytes(), logits.grad.numpy().tobytes()
 
-    kept, evicted = run(False), run(True)
-    with composite_cross_entropy(SOFT_KEY):
-        composite = run(False)
-    assert kept == evicted == composite
+    runs = [run(evict, read_first) for evict in (False, True) for read_first in (False, True)]
+    with composite_cross_entropy(SOFT_KEY if soft else KEY):
+        composite = run(False, True)
+    assert all(r == composite for r in runs)
     assert len(loss_kernels._FORWARDS) <= loss_kernels.FORWARDS_KEPT
 
 
 @pytest.mark.usefixtures("dask_cluster")
-def test_a_forward_is_remembered_only_while_its_loss_lives():
+@pytest.mark.parametrize("soft", [True, False])
+def test_a_forward_is_remembered_only_while_its_loss_lives(soft):
     """The entry that lets a backward read its forward goes with the loss array: it keeps no graph
     (and no futures in it) alive that the loss would not; a backward after that recomputes."""
     import gc
@@ -458,18 +481,17 @@ def test_a_forward_is_remembered_only_while_its_loss_lives():
     from polygrad_dask import loss_kernels
 
     polygrad_dask.chunks.set_partitions(2)
-    rng = np.random.default_rng(6)
-    x, probs = rng.standard_normal((40, 4)), np.eye(4)[np.arange(40) % 4]
+    x = np.random.default_rng(6).standard_normal((40, 4))
     with pg.use_backend("dask"):
-        logits, target = pg.tensor(x, requires_grad=True), pg.tensor(probs)
-        key = (logits._data.name, target._data.name)
+        logits, target = pg.tensor(x, requires_grad=True), _targets(soft)
+        key = _forward_key(logits, target)
         loss = nn.cross_entropy(logits, target)
         assert key in loss_kernels._FORWARDS
-        assert loss_kernels._forwards_of(logits._data, target._data, 2)[0] is not None
+        assert loss_kernels._forwards_of(key, 2)[0] is not None
         del loss
         gc.collect()
         assert key not in loss_kernels._FORWARDS
-        assert loss_kernels._forwards_of(logits._data, target._data, 2) == [None, None]
+        assert loss_kernels._forwards_of(key, 2) == [None, None]
 
 
 @pytest.mark.usefixtures("dask_cluster")
