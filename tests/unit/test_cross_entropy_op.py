@@ -157,3 +157,48 @@ def test_matches_pytorch_float64(reduction):
     lt.backward(None if seed is None else torch.tensor(seed))
     np.testing.assert_allclose(loss, lt.detach().numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+# -- a forward's kept exponentials (what a backend that holds them from forward to backward uses) ----
+
+def _numpy_steps():
+    from polygrad.backends.cross_entropy_kernels import KernelSteps
+
+    registry.load()  # the tables are filled on first use: this test may run first, or alone
+    return KernelSteps(registry.tables["numpy"], np)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_a_forwards_kept_exponentials_give_the_recomputed_gradients_bits(problem):
+    """``loss(keep=)`` hands ``logits_grad(saved=)`` the forward's ``exp(shifted)`` and row sums:
+    the same bits as the backward's own recomputation (polygrad-dask's per-block backward)."""
+    from polygrad.engine import cross_entropy
+
+    x, target, reduction, seed = problem
+    steps, keep = _numpy_steps(), {}
+    with np.errstate(all="ignore"):
+        loss = cross_entropy.loss(x, target, reduction, steps, keep)
+        g = np.ones(np.shape(loss), x.dtype) if seed is None else seed
+        recomputed = cross_entropy.logits_grad(g, x, target, reduction, steps)
+        kept = cross_entropy.logits_grad(g, x, target, reduction, steps, saved=(keep["e"], keep["s"]))
+    assert_bitwise(kept, recomputed)
+    with np.errstate(all="ignore"):  # the kept arrays are exp(x - max) and its row sums (NaN's bits aside)
+        e = np.exp(x - x.max(1, keepdims=True)) if x.size else keep["e"]
+    np.testing.assert_array_equal(keep["e"], e)
+    np.testing.assert_array_equal(keep["s"], e.sum(1, keepdims=True))
+
+
+def test_the_backward_reads_the_kept_exponentials():
+    """Kept sums altered on purpose change the gradient: ``saved`` is what the backward reads."""
+    from polygrad.engine import cross_entropy
+
+    x = np.random.default_rng(0).standard_normal((6, 3))
+    target = np.arange(6) % 3
+    steps, keep = _numpy_steps(), {}
+    cross_entropy.loss(x, target, "sum", steps, keep)
+    g = np.ones((), x.dtype)
+    right = cross_entropy.logits_grad(g, x, target, "sum", steps, saved=(keep["e"], keep["s"]))
+    wrong = cross_entropy.logits_grad(g, x, target, "sum", steps, saved=(keep["e"], keep["s"] * 2))
+    np.testing.assert_allclose(right, np.exp(x) / np.exp(x).sum(1, keepdims=True) - np.eye(3)[target], atol=1e-15)
+    assert not np.allclose(wrong, right)

@@ -250,3 +250,43 @@ def test_an_upstream_gradient_of_another_dtype_gives_the_composites_bits(reducti
     with without_kernel(registry.tables, KEY), without_kernel(registry.tables, (Op.CROSS_ENTROPY, "dense")):
         composite = _both_ops(x, reduction, np.asarray(seed, dtype=np.float64))
     assert [f[:3] for f in fused] == [c[:3] for c in composite]
+
+
+# -- a forward's kept exponentials (what a backend that holds them from forward to backward uses) ----
+
+def _numpy_steps():
+    from polygrad.backends.cross_entropy_kernels import KernelSteps
+
+    return KernelSteps(registry.tables["numpy"], np)  # loaded by the autouse fixture
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_a_forwards_kept_exponentials_give_the_recomputed_gradients_bits(problem):
+    """``soft_loss(keep=)`` hands ``soft_grads(saved=)`` the forward's ``exp(shifted)`` and row
+    sums: the same bits, both gradients, as the backward's own recomputation."""
+    from polygrad.engine import cross_entropy
+
+    x, probs, reduction, seed, _ = problem
+    steps, keep = _numpy_steps(), {}
+    with np.errstate(all="ignore"):
+        loss = cross_entropy.soft_loss(x, probs, reduction, steps, keep)
+        g = np.ones(np.shape(loss), x.dtype) if seed is None else seed
+        recomputed = cross_entropy.soft_grads(g, x, probs, reduction, (True, True), steps)
+        kept = cross_entropy.soft_grads(g, x, probs, reduction, (True, True), steps, saved=(keep["e"], keep["s"]))
+    assert_bitwise(list(kept), list(recomputed))
+
+
+def test_the_backward_reads_the_kept_exponentials():
+    """Kept sums altered on purpose change the logits' gradient: ``saved`` is what it reads."""
+    from polygrad.engine import cross_entropy
+
+    x = np.random.default_rng(0).standard_normal((6, 3))
+    probs = np.eye(3)[np.arange(6) % 3]
+    steps, keep = _numpy_steps(), {}
+    cross_entropy.soft_loss(x, probs, "sum", steps, keep)
+    g = np.ones((), x.dtype)
+    right = cross_entropy.soft_grads(g, x, probs, "sum", (True, False), steps, saved=(keep["e"], keep["s"]))[0]
+    wrong = cross_entropy.soft_grads(g, x, probs, "sum", (True, False), steps, saved=(keep["e"], keep["s"] * 2))[0]
+    np.testing.assert_allclose(right, np.exp(x) / np.exp(x).sum(1, keepdims=True) - probs, atol=1e-15)
+    assert not np.allclose(wrong, right)

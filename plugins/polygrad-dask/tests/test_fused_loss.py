@@ -557,3 +557,33 @@ def test_an_upstream_gradient_in_other_row_blocks_gives_the_composites_bits(soft
     with composite_cross_entropy(SOFT_KEY if soft else KEY):
         composite = run()
     assert fused == composite
+
+
+@pytest.mark.parametrize("soft", [True, False])
+def test_a_block_backward_reads_its_forwards_exponentials(soft):
+    """The per-block backward takes the exponentials of the forward task it is handed: its bits
+    are the recomputation's, and sums altered on purpose change them (the tasks above are bitwise
+    either way, so only this shows the kept arrays are read)."""
+    from polygrad_dask import loss_kernels
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9, 3)).astype(np.float32)
+    classes = np.arange(9) % 3
+    probs = np.eye(3, dtype=np.float32)[classes]
+    g = np.ones((), np.float32)
+    scale = 1 / 18
+    if soft:
+        forward = loss_kernels._block_soft_forward(x, probs)
+
+        def grad(fw):
+            return loss_kernels._block_soft_grad(g, x, probs, "mean", scale, 0, fw)
+    else:
+        forward = loss_kernels._block_forward(x, classes)
+        assert forward[0].tobytes() == loss_kernels._block_losses(x, classes).tobytes()
+
+        def grad(fw):
+            return loss_kernels._block_grad(g, x, classes, "mean", scale, fw)
+
+    assert grad(forward).tobytes() == grad(None).tobytes()
+    altered = (forward[0], forward[1], forward[2] * 2)
+    assert not np.allclose(grad(altered), grad(None))
