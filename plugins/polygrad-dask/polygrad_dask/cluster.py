@@ -32,9 +32,12 @@ DEFAULT_TIMEOUT = float(os.environ.get("POLYGRAD_DASK_TIMEOUT", "10"))
 
 #: ``off`` keeps glibc's and dask's heap settings on the workers polygrad starts (:func:`heap_environ`)
 HEAP_REUSE_ENV = "POLYGRAD_DASK_HEAP_REUSE"
-#: the workers' glibc heap: arrays up to 32 MiB (a 500k x 16 float32 block) come from the heap, and
-#: up to 1 GiB freed at its top stays there for the next step's arrays
-HEAP_REUSE_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+#: the workers' glibc heap: arrays up to 32 MiB (a 500k x 16 float32 block) come from the heap, up
+#: to 1 GiB freed at its top stays there for the next step's arrays, and at most 2 arenas hold it
+#: (glibc's default is 8 per core; likely cause, not traced: an array a communication thread
+#: received goes back to that thread's arena when a task frees it, unused by the task thread)
+HEAP_REUSE_ENVIRON = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30),
+                      "MALLOC_ARENA_MAX": "2"}
 
 
 def heap_environ(memory_limit: Any) -> dict:
@@ -46,7 +49,10 @@ def heap_environ(memory_limit: Any) -> dict:
     glibc's own mmap threshold each one is fresh memory from the kernel, page-faulted and zeroed on
     first touch, where the numpy backend reuses pooled buffers.  Measured at 1M nodes / 2 workers,
     interleaved against dask's settings: the workers' task CPU per epoch 2.42-2.48 s against
-    2.49-2.90 s, faster epochs in 5 of 6 pairs, worker peak 501 against 456 MB.  Workers with an
+    2.49-2.90 s, faster epochs in 5 of 6 pairs, worker peak 501 against 456 MB.  Two arenas, not
+    glibc's default of 8 per core, measured at 1M nodes in 4 interleaved pairs (round 12): worker
+    peaks 464 and 483 MB against 481 and 502 in every pair, task CPU per epoch 1.01-1.12 s against
+    1.13-1.16, the epoch shorter in 3 of 4, the same parameter bytes.  Workers with an
     explicit ``memory_limit`` keep dask's settings: their cap is checked against the process's RSS
     (``memcap``, dask's nanny), which must then fall when arrays are freed."""
     if os.environ.get(HEAP_REUSE_ENV, "").strip().lower() == "off":

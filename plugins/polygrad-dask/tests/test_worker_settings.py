@@ -47,10 +47,11 @@ def _prompt(client) -> bool:
 def _heap() -> tuple:
     import os
 
-    return os.environ.get("MALLOC_MMAP_THRESHOLD_"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
+    return (os.environ.get("MALLOC_MMAP_THRESHOLD_"), os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            os.environ.get("MALLOC_ARENA_MAX"))
 
 
-HEAP_REUSED = (str(32 * 2**20), str(2**30))
+HEAP_REUSED = (str(32 * 2**20), str(2**30), "2")
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_heap_reuse_only_without_an_explicit_cap(monkeypatch):
         assert cluster.heap_environ(limit) == {}
     import os
 
-    for limit, want in (("auto", HEAP_REUSED), ("2GiB", (None, "65536"))):  # a capped one after a reusing one
+    for limit, want in (("auto", HEAP_REUSED), ("2GiB", (None, "65536", None))):  # a capped one after a reusing one
         before = {k: os.environ.get(k) for k in cluster.HEAP_REUSE_ENVIRON}
         client = polygrad_dask.connect(workers=1, timeout=60, memory_limit=limit)
         try:
