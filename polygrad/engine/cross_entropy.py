@@ -77,9 +77,14 @@ def _shifted(x: Any, k: Steps) -> Any:
     return k.add(x, k.neg(k.max(k.detached(x), (1,), True)))
 
 
-def _exp_sum(shifted: Any, k: Steps) -> tuple[Any, Any]:
+def _exp_sum(shifted: Any, k: Steps, keep: dict | None = None) -> tuple[Any, Any]:
+    """``exp(shifted)`` and its row sums, also put in ``keep`` (a forward's, for a backward that
+    takes them as ``saved`` instead of recomputing them)."""
     e = k.exp(shifted)
-    return e, k.sum(e, (1,), True)
+    s = k.sum(e, (1,), True)
+    if keep is not None:
+        keep.update(e=e, s=s)
+    return e, s
 
 
 def loss(x: Any, target: np.ndarray, reduction: str, k: Steps, keep: dict | None = None) -> Any:
@@ -87,9 +92,7 @@ def loss(x: Any, target: np.ndarray, reduction: str, k: Steps, keep: dict | None
     ``keep`` (a dict) receives the forward's ``exp(shifted)`` and its row sums as ``"e"`` and
     ``"s"``, which :func:`logits_grad` takes instead of recomputing them (as :func:`soft_loss`)."""
     shifted = _shifted(x, k)
-    e, s = _exp_sum(shifted, k)
-    if keep is not None:
-        keep.update(e=e, s=s)
+    _, s = _exp_sum(shifted, k, keep)
     losses = k.neg(k.getitem(_logp(shifted, s, k), picked_index(target)))
     if reduction == "none":
         return losses
@@ -148,9 +151,7 @@ def soft_loss(x: Any, probs: Any, reduction: str, k: Steps, keep: dict | None = 
     ``"s"``, which :func:`soft_grads` takes instead of recomputing them (a backend that can hold
     them from its forward to its backward)."""
     shifted = _shifted(x, k)
-    e, s = _exp_sum(shifted, k)
-    if keep is not None:
-        keep.update(e=e, s=s)
+    _, s = _exp_sum(shifted, k, keep)
     losses = k.neg(k.sum(k.mul(_logp(shifted, s, k), probs), (1,), False))
     if reduction == "none":
         return losses

@@ -143,7 +143,7 @@ def _block_grad(g: np.ndarray, x: np.ndarray, target: np.ndarray, reduction: str
     exponentials are the block's :func:`_block_forward`'s where there is one (the same bits)."""
     if scale is not None:
         g = np.multiply(g, np.asarray(scale, dtype=x.dtype))  # the forward's constant
-    saved = None if forward is None else (forward[1], forward[2])
+    saved = None if forward is None else forward[1:]
     return np.asarray(cross_entropy.logits_grad(g, x, target, "none" if reduction == "none" else "sum",
                                                 BLOCK_STEPS, saved))
 
@@ -222,15 +222,8 @@ def cross_entropy_kernel(x: da.Array, *, target: np.ndarray, reduction: str) -> 
     chunks = vindex_chunks(x)
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
     if reduction != "none" and len(chunks[0]) == 1:
-        forwards = _block_tasks(f"cross-entropy-forward-{uuid.uuid4().hex}", _block_forward, pairs)
-        losses = _stacked("cross-entropy-rows", _forward_first, [(f,) for f in forwards], (x.chunks[0],), x.dtype)
-        name = f"cross-entropy-total-{uuid.uuid4().hex}"
-        with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
-            total = dask.delayed(_reduce_one_chunk, pure=False)(
-                x.dtype, scale, *losses.to_delayed(optimize_graph=False), dask_key_name=(name,))
-        loss = da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
-        _remember(_classes_key(x), loss, forwards)
-        return loss
+        return _loss_keeping_forwards("cross-entropy", _block_forward, "rows", (x.chunks[0],), _reduce_one_chunk,
+                                      pairs, x.dtype, scale, _classes_key(x))
     losses = _stacked("cross-entropy-rows", _block_losses, pairs, (x.chunks[0],), x.dtype)
     losses = losses.rechunk(chunks)  # "none" hands later ops the composite's chunks
     if reduction == "none":
@@ -326,6 +319,23 @@ def _forwards_of(key: tuple, blocks: int) -> list:
     return list(entry[1])
 
 
+def _loss_keeping_forwards(prefix: str, forward: Any, first: str, first_chunks: tuple, total: Any, pairs: list,
+                           dtype: Any, scale: float | None, key: tuple) -> da.Array:
+    """The 0-d loss over row blocks: a ``forward(*pairs[i])`` task per block (its first result,
+    then the exponentials and row sums its backward reads), a tiny task per block handing only the
+    first result on (chunks ``first_chunks``), and ``total(dtype, scale, *firsts)`` on row block
+    0's worker; the forward tasks are remembered under ``key`` while the loss array lives."""
+    forwards = _block_tasks(f"{prefix}-forward-{uuid.uuid4().hex}", forward, pairs)
+    firsts = _stacked(f"{prefix}-{first}", _forward_first, [(f,) for f in forwards], first_chunks, dtype)
+    name = f"{prefix}-total-{uuid.uuid4().hex}"
+    with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
+        done = dask.delayed(total, pure=False)(dtype, scale, *firsts.to_delayed(optimize_graph=False),
+                                               dask_key_name=(name,))
+    loss = da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[done]), name, (), dtype=dtype)
+    _remember(key, loss, forwards)
+    return loss
+
+
 def _soft_total(dtype: np.dtype, scale: float | None, *partials: np.ndarray) -> np.ndarray:
     """``da.sum``'s aggregate over the blocks' partials (one level: :func:`_one_aggregate`),
     then the mean's multiply by its constant (``scale``; None for "sum")."""
@@ -341,7 +351,7 @@ def _block_soft_grad(g: np.ndarray, x: np.ndarray, probs: np.ndarray, reduction:
     if scale is not None:
         g = np.multiply(g, np.asarray(scale, dtype=x.dtype))  # the forward's constant
     needs = (which == 0, which == 1)
-    saved = None if forward is None else (forward[1], forward[2])
+    saved = None if forward is None else forward[1:]
     grads = cross_entropy.soft_grads(g, x, probs, "none" if reduction == "none" else "sum", needs, BLOCK_STEPS,
                                      saved)
     return np.asarray(grads[which])
@@ -366,16 +376,8 @@ def soft_cross_entropy_kernel(x: da.Array, probs: da.Array, *, reduction: str) -
     pairs = list(zip(_row_blocks(x), _row_blocks(probs)))
     scale = cross_entropy.mean_scale(n) if reduction == "mean" else None
     if reduction != "none" and _one_aggregate(len(pairs)):
-        forwards = _block_tasks(f"soft-cross-entropy-forward-{uuid.uuid4().hex}", _block_soft_forward, pairs)
-        partials = _stacked("soft-cross-entropy-partial", _forward_first, [(f,) for f in forwards],
-                            ((1,) * len(pairs),), x.dtype)
-        name = f"soft-cross-entropy-total-{uuid.uuid4().hex}"
-        with cluster.pinned(0):  # keyed as the 0-d array's one chunk: no alias task
-            total = dask.delayed(_soft_total, pure=False)(
-                x.dtype, scale, *partials.to_delayed(optimize_graph=False), dask_key_name=(name,))
-        loss = da.Array(HighLevelGraph.from_collections(name, {}, dependencies=[total]), name, (), dtype=x.dtype)
-        _remember(_soft_key(x, probs), loss, forwards)
-        return loss
+        return _loss_keeping_forwards("soft-cross-entropy", _block_soft_forward, "partial", ((1,) * len(pairs),),
+                                      _soft_total, pairs, x.dtype, scale, _soft_key(x, probs))
     losses = _stacked("soft-cross-entropy-rows", _block_soft_losses, pairs, (x.chunks[0],), x.dtype)
     if reduction == "none":
         return losses
