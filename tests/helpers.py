@@ -26,6 +26,16 @@ def observed(x: Any) -> Any:
     return x
 
 
+def numpy_kernel_steps() -> Any:
+    """:class:`polygrad.engine.cross_entropy.Steps` over the numpy backend's registered kernels
+    (what its fused cross-entropy kernels run), for calling the steps directly."""
+    from polygrad.backends.cross_entropy_kernels import KernelSteps
+    from polygrad.runtime.registry import registry
+
+    registry.load()  # the tables are filled on first use: a test file may run first, or alone
+    return KernelSteps(registry.tables["numpy"], np)
+
+
 @contextmanager
 def without_kernel(tables: dict, key: tuple, backend: str = "numpy"):
     """``backend`` without the kernel ``key`` in ``tables`` (``registry.tables`` or

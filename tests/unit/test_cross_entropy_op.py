@@ -18,7 +18,7 @@ from polygrad.ir.ops import FUSED, Op
 from polygrad.runtime.registry import registry
 from polygrad.testing import check_grads
 from tests.helpers import (LOGIT_SPECIALS, assert_bitwise, assert_second_order_matches_central_differences,
-                           draw_logits, without_kernel)
+                           draw_logits, numpy_kernel_steps, without_kernel)
 
 KEY = (Op.CROSS_ENTROPY, "dense")
 
@@ -161,13 +161,6 @@ def test_matches_pytorch_float64(reduction):
 
 # -- a forward's kept exponentials (what a backend that holds them from forward to backward uses) ----
 
-def _numpy_steps():
-    from polygrad.backends.cross_entropy_kernels import KernelSteps
-
-    registry.load()  # the tables are filled on first use: this test may run first, or alone
-    return KernelSteps(registry.tables["numpy"], np)
-
-
 @settings(max_examples=100, deadline=None)
 @given(problems())
 def test_a_forwards_kept_exponentials_give_the_recomputed_gradients_bits(problem):
@@ -176,7 +169,7 @@ def test_a_forwards_kept_exponentials_give_the_recomputed_gradients_bits(problem
     from polygrad.engine import cross_entropy
 
     x, target, reduction, seed = problem
-    steps, keep = _numpy_steps(), {}
+    steps, keep = numpy_kernel_steps(), {}
     with np.errstate(all="ignore"):
         loss = cross_entropy.loss(x, target, reduction, steps, keep)
         g = np.ones(np.shape(loss), x.dtype) if seed is None else seed
@@ -195,7 +188,7 @@ def test_the_backward_reads_the_kept_exponentials():
 
     x = np.random.default_rng(0).standard_normal((6, 3))
     target = np.arange(6) % 3
-    steps, keep = _numpy_steps(), {}
+    steps, keep = numpy_kernel_steps(), {}
     cross_entropy.loss(x, target, "sum", steps, keep)
     g = np.ones((), x.dtype)
     right = cross_entropy.logits_grad(g, x, target, "sum", steps, saved=(keep["e"], keep["s"]))

@@ -20,7 +20,7 @@ from polygrad.ir.ops import FUSED, Op
 from polygrad.runtime.registry import registry
 from polygrad.testing import check_grads
 from tests.helpers import (LOGIT_SPECIALS, assert_bitwise, assert_second_order_matches_central_differences,
-                           draw_logits, without_kernel)
+                           draw_logits, numpy_kernel_steps, without_kernel)
 
 KEY = (Op.SOFT_CROSS_ENTROPY, "dense")
 
@@ -254,12 +254,6 @@ def test_an_upstream_gradient_of_another_dtype_gives_the_composites_bits(reducti
 
 # -- a forward's kept exponentials (what a backend that holds them from forward to backward uses) ----
 
-def _numpy_steps():
-    from polygrad.backends.cross_entropy_kernels import KernelSteps
-
-    return KernelSteps(registry.tables["numpy"], np)  # loaded by the autouse fixture
-
-
 @settings(max_examples=100, deadline=None)
 @given(problems())
 def test_a_forwards_kept_exponentials_give_the_recomputed_gradients_bits(problem):
@@ -268,7 +262,7 @@ def test_a_forwards_kept_exponentials_give_the_recomputed_gradients_bits(problem
     from polygrad.engine import cross_entropy
 
     x, probs, reduction, seed, _ = problem
-    steps, keep = _numpy_steps(), {}
+    steps, keep = numpy_kernel_steps(), {}
     with np.errstate(all="ignore"):
         loss = cross_entropy.soft_loss(x, probs, reduction, steps, keep)
         g = np.ones(np.shape(loss), x.dtype) if seed is None else seed
@@ -283,7 +277,7 @@ def test_the_backward_reads_the_kept_exponentials():
 
     x = np.random.default_rng(0).standard_normal((6, 3))
     probs = np.eye(3)[np.arange(6) % 3]
-    steps, keep = _numpy_steps(), {}
+    steps, keep = numpy_kernel_steps(), {}
     cross_entropy.soft_loss(x, probs, "sum", steps, keep)
     g = np.ones((), x.dtype)
     right = cross_entropy.soft_grads(g, x, probs, "sum", (True, False), steps, saved=(keep["e"], keep["s"]))[0]
