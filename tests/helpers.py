@@ -36,6 +36,22 @@ def numpy_kernel_steps() -> Any:
     return KernelSteps(registry.tables["numpy"], np)
 
 
+def count_block_runs(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[int]:
+    """How many blocks each call of ``module.run_blocks`` (polygrad's thread-pool runner, as that
+    module imported it) was handed, appended per call while ``monkeypatch`` lasts: whether the
+    parallel form really ran."""
+    counts: list[int] = []
+    real = module.run_blocks
+
+    def spy(fn, items, threads=None):
+        items = list(items)
+        counts.append(len(items))
+        return real(fn, items, threads)
+
+    monkeypatch.setattr(module, "run_blocks", spy)
+    return counts
+
+
 @contextmanager
 def without_kernel(tables: dict, key: tuple, backend: str = "numpy"):
     """``backend`` without the kernel ``key`` in ``tables`` (``registry.tables`` or

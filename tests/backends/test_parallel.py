@@ -18,6 +18,7 @@ from polygrad.backends import parallel
 from polygrad.ir.ops import Op
 from polygrad.sparse.pattern import Pattern
 from polygrad.runtime.registry import registry
+from tests.helpers import count_block_runs
 
 THREAD_COUNTS = (1, 2, 3, 7)
 
@@ -27,15 +28,7 @@ def force_parallel(monkeypatch):
     monkeypatch.setattr(parallel, "SPARSE_PARALLEL_MIN", 0)
     monkeypatch.setattr(parallel, "DENSE_PARALLEL_MIN", 0)
     monkeypatch.setattr(parallel, "COLUMN_SUM_ROWS", 7)
-    blocks: list[int] = []
-    real = parallel.run_blocks
-
-    def spy(fn, items, threads=None):
-        items = list(items)
-        blocks.append(len(items))
-        return real(fn, items, threads)
-
-    monkeypatch.setattr(parallel, "run_blocks", spy)
+    blocks = count_block_runs(monkeypatch, parallel)
     before = pg.get_num_threads()
     yield blocks
     pg.set_num_threads(before)
@@ -269,15 +262,7 @@ def test_construction_is_identical_at_any_thread_count(seed, kind, edges):
         from polygrad.sparse import pattern as pattern_module
 
         monkeypatch.setattr(pattern_module, "SORT_PARALLEL_MIN", 0)
-        blocks: list[int] = []
-        real = pattern_module.run_blocks
-
-        def spy(fn, items, threads=None):
-            items = list(items)
-            blocks.append(len(items))
-            return real(fn, items, threads)
-
-        monkeypatch.setattr(pattern_module, "run_blocks", spy)
+        blocks = count_block_runs(monkeypatch, pattern_module)
         rng = np.random.default_rng(seed)
         n = 256
         if kind == "rmat":

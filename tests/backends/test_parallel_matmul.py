@@ -18,6 +18,7 @@ import polygrad as pg
 from polygrad.backends import parallel
 from polygrad.ir.ops import Op
 from polygrad.runtime.registry import registry
+from tests.helpers import count_block_runs
 
 THREAD_COUNTS = (1, 2, 3, 7)
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # the fixture patches constants only
@@ -76,15 +77,7 @@ def test_the_backend_matmul_has_the_same_bits_at_any_thread_count(shape):
 
 
 def test_a_tall_product_is_cut_into_blocks_and_a_long_reduction_into_partial_sums(small_blocks, monkeypatch):
-    calls: list[int] = []
-    real = parallel.run_blocks
-
-    def spy(fn, blocks, threads=None):
-        blocks = list(blocks)
-        calls.append(len(blocks))
-        return real(fn, blocks, threads)
-
-    monkeypatch.setattr(parallel, "run_blocks", spy)
+    calls = count_block_runs(monkeypatch, parallel)
     pg.set_num_threads(2)
     a = np.ones((40, 3), dtype=np.float32)
     parallel.matmul(a, np.ones((3, 2), dtype=np.float32), np.empty((40, 2), dtype=np.float32))
