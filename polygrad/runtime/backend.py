@@ -138,6 +138,15 @@ class Backend:
         """
         return list(arrays)
 
+    def submit(self, arrays: list) -> list:
+        """Start computing ``arrays`` and return at once: arrays equal in value whose work is under
+        way (``pg.materialize(..., wait=False)``).  ``fit`` submits the next epoch's step before it
+        reads this epoch's loss, so the next step's task graph is built and handed over while the
+        workers still compute.  A later :meth:`materialize` of the returned arrays waits for them and
+        raises what failed; reading one (``to_numpy``) waits too.  The default computes them now
+        (:meth:`materialize`): correct for any backend, only without the overlap."""
+        return self.materialize(arrays)
+
     def apply_update(self, fn: Callable[..., tuple], arrays: tuple, numbers: tuple, attrs: dict) -> tuple | None:
         """An optimizer's elementwise update rule, ``fn(*arrays, *numbers, **attrs)`` (a tuple of
         arrays shaped as ``arrays``, which all have one shape), run as a whole on this backend's

@@ -6,7 +6,8 @@ carry the whole training history in its graph.  :func:`materialize` computes a s
 one go -- their common work (the forward pass shared by the loss and the gradients) once -- and
 replaces their storage by the computed arrays, which stay where the backend keeps them (a GPU, a
 cluster's workers).  Optimizers and ``fit`` call it once per step; on eager backends it returns
-at once.
+at once.  ``wait=False`` starts the work and returns before it is done (``Backend.submit``): ``fit``
+builds the next epoch's step while the workers still run this one's.
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ def _dense(t: Any) -> Tensor | None:
     return t.values if is_sparse(t) else t
 
 
-def materialize(*tensors: Any) -> None:
+def materialize(*tensors: Any, wait: bool = True) -> None:
     """Compute ``tensors`` (``None`` and non-tensors are skipped) on their lazy backends, in place.
 
-    Values do not change; only pending work is done and dropped from the tensors' storage."""
+    Values do not change; only pending work is done and dropped from the tensors' storage.  With
+    ``wait=False`` the work is started and this returns at once (``Backend.submit``); reading a
+    value, or ``materialize`` of the same tensors with ``wait=True``, then waits for it, and the
+    latter reports a failure of the started work as the backend's error."""
     groups: dict[int, tuple[Any, list[Tensor]]] = {}
     seen: set[int] = set()
     for t in tensors:
@@ -38,5 +42,6 @@ def materialize(*tensors: Any) -> None:
         seen.add(id(d))
         groups.setdefault(id(d._be), (d._be, []))[1].append(d)
     for be, ts in groups.values():
-        for t, array in zip(ts, be.materialize([t._data for t in ts])):
+        run = be.materialize if wait else be.submit
+        for t, array in zip(ts, run([t._data for t in ts])):
             t._data = array
