@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 import polygrad as pg
-from polygrad.runtime.backend import shares_arrays
+from polygrad.runtime.backend import Backend, shares_arrays
 from polygrad.runtime import sharing
 from polygrad.runtime.heap import keep_heap_top
 from polygrad.compile import Compiled
@@ -60,6 +60,9 @@ class History:
     replays: int = 0
     #: how the step ran: "eager" (compile=False), "default" (pg.compile) or "pure" (pure=True)
     compile_mode: str = "eager"
+    #: epochs whose step was built and submitted while the previous epoch's step still ran (a lazy
+    #: backend such as dask, compile=False and no callback; 0 elsewhere)
+    steps_ahead: int = 0
 
     @property
     def losses(self) -> list[float]:
@@ -297,22 +300,151 @@ def _step_ahead(optimizer: Optimizer, loss: Tensor) -> _StepUndo:
     is taken before fit knows the loss, so it returns the step's undo: fit restores it (the
     parameters and state from before the step, still held, bit for bit) where the eager loop
     would not have stepped.  A failed materialisation restores it too, then raises."""
+    return _submit_step(optimizer, loss, {}, wait=True).undo
+
+
+class _Submitted:
+    """One epoch's step on a lazy backend, taken before its loss is read and handed to the backend
+    without waiting (``pg.materialize(wait=False)``): the loss and metrics, the learning rate the
+    step used, the step's undo, the tensors the join waits for (the loss, the gradients, the new
+    parameters and state) and, for a step built ahead of the previous epoch's decision, the state
+    from before it was built (:class:`_Before`), which discarding it puts back."""
+    __slots__ = ("loss", "metrics", "lr", "undo", "results", "before")
+
+    def __init__(self, loss: Tensor, metrics: dict[str, Any], lr: float, undo: _StepUndo, results: list) -> None:
+        self.loss, self.metrics, self.lr, self.undo, self.results = loss, metrics, lr, undo, results
+        self.before: _Before | None = None
+
+    def take_back(self) -> "_Before":
+        """Put back the state from before this step was built ahead; returns its redo."""
+        assert self.before is not None, "only a step built ahead (_speculate) is taken back"
+        return self.before.restore()
+
+
+def _submit_step(optimizer: Optimizer, loss: Tensor, metrics: dict[str, Any], wait: bool) -> _Submitted:
+    """The optimizer's step on the gradients' task graph, materialised with the loss and the
+    gradients as one graph; with ``wait=False`` submitted without waiting (:func:`_join` waits).
+    A failure restores the step's undo, then raises."""
+    lr = optimizer.current_lr()
     undo = _StepUndo(optimizer)
     grads = [p.grad for p in optimizer._params()]
     try:
         with optimizer.deferred_materialize() as pending:
             optimizer.step()
-        pg.materialize(loss, *grads, *pending)
+        results = [loss, *grads, *pending]
+        pg.materialize(*results, wait=wait)
     except BaseException:
         undo.restore()
         raise
-    return undo
+    # the join waits for these very arrays: ``pending`` holds the parameters, whose storage the next
+    # step (built before the join) replaces, so the tensors would name the next step's arrays
+    held = [] if wait else [(t.values if is_sparse(t) else t).detach() for t in results if isinstance(t, Tensor)]
+    return _Submitted(loss, metrics, lr, undo, held)
+
+
+def _join(submitted: _Submitted, ahead: _Submitted | None = None) -> None:
+    """Wait for a submitted step; where it failed, put back the state from before it -- and before
+    ``ahead``, the next epoch's step built on it -- then raise the backend's error."""
+    if not submitted.results:  # materialised when it was taken
+        return
+    try:
+        pg.materialize(*submitted.results)
+    except BaseException:
+        if ahead is not None:
+            ahead.take_back()
+        submitted.undo.restore()
+        raise
+    submitted.results = []  # the join is done: hold nothing beyond what the tensors hold
+
+
+class _Before:
+    """The state that building a step changes, held by reference: what its :class:`_StepUndo`
+    holds, the gradients (``zero_grad`` and backward replace them), the model's buffers (a forward
+    in training mode moves batch-norm statistics) and polygrad's random generator (dropout).
+    ``restore()`` puts them back and returns the :class:`_Before` of the state it replaced.  Valid
+    where every buffer's arrays are immutable values (:func:`_buffers_immutable`): lazy backends'
+    are, so their updates replace arrays, never write into them."""
+    __slots__ = ("model", "optimizer", "undo", "grads", "buffers", "rng")
+
+    def __init__(self, model: Module, optimizer: Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.undo = _StepUndo(optimizer)
+        leaves = [q for p in optimizer._params() for q in ((p, p.values) if is_sparse(p) else (p,))]
+        self.grads = [(leaf, leaf.grad) for leaf in leaves]
+        self.buffers = [(b, b._data) for b in _buffer_leaves(model)]
+        self.rng = pg.rng().bit_generator.state
+
+    def restore(self) -> "_Before":
+        redo = _Before(self.model, self.optimizer)
+        self.undo.restore()
+        for leaf, grad in self.grads:
+            leaf.grad = grad
+        for leaf, data in self.buffers:
+            leaf._data = data
+        pg.rng().bit_generator.state = self.rng
+        return redo
+
+
+def _submits(optimizer: Optimizer) -> bool:
+    """Whether a parameter's backend starts work without waiting for it (overrides
+    ``Backend.submit``): else building the next step ahead would wait for this one first."""
+    return any(type(leaf._be).submit is not Backend.submit
+               for leaf in ((p.values if is_sparse(p) else p) for p in optimizer._params()))
+
+
+def _buffer_leaves(model: Module) -> list[Tensor]:
+    return [b.values if is_sparse(b) else b for _, b in model.named_buffers()]
+
+
+def _buffers_immutable(model: Module) -> bool:
+    """Whether every buffer of ``model`` lives on a backend whose arrays are immutable values, so
+    that holding a buffer's array is a snapshot of it (:class:`_Before`)."""
+    return all(shares_arrays(b._be) for b in _buffer_leaves(model))
+
+
+class _Raised:
+    """What building the next step raised (an ``Exception`` from ``loss_fn``, backward or the
+    step), with the state put back: raised where the eager loop would call ``loss_fn`` -- at the
+    next epoch, unless this one rolls back (then ``loss_fn`` runs again on the rolled-back state)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _speculate(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) -> _Submitted | _Raised | None:
+    """The next epoch's step -- ``loss_fn()``, backward and the optimizer's step -- built on this
+    epoch's submitted parameters and submitted too, before fit reads this epoch's loss: the
+    backend's workers go on from this step to the next without waiting for the client to read a
+    loss, then build and hand over a graph.  Its :attr:`_Submitted.before` discards it where the
+    eager loop would not have taken it (a rollback, a non-finite loss).  Where building it raised,
+    the state is put back and the error kept (:class:`_Raised`); None, with the state put back,
+    where ``loss_fn`` gave a loss on an eager backend (the next epoch runs as the eager loop does)."""
+    before = _Before(model, optimizer)
+    try:
+        loss, metrics = _split(loss_fn())
+        _check_loss(loss)
+        if not loss._be.lazy:
+            before.restore()
+            return None
+        optimizer.zero_grad()
+        loss.backward()
+        submitted = _submit_step(optimizer, loss, metrics, wait=False)
+    except Exception as exc:  # noqa: BLE001 - raised at the next epoch, where the eager loop raises it
+        before.restore()
+        return _Raised(exc)
+    except BaseException:
+        before.restore()
+        raise
+    submitted.before = before
+    return submitted
 
 
 def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs: int, *,
         rollback_threshold: float | None = 0.05, lr_decay: float = 0.5, max_rollbacks: int = 10,
         checkpoint_every: int = 1, checkpoint_path: Any = None,
-        callback: Callable[[EpochRecord], Any] | None = None, compile: bool | str = False) -> History:
+        callback: Callable[[EpochRecord], Any] | None = None, compile: bool | str = False,
+        pipeline: bool = True) -> History:
     """Train ``model`` for ``epochs`` full-batch steps of ``optimizer`` on ``loss_fn()``.
 
     ``loss_fn()`` returns the scalar loss tensor, or ``(loss, metrics)`` with a dict of extra
@@ -337,6 +469,18 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     way the backward runs before the rollback decision, whose rolled-back epochs discard the
     gradients.
     ``History.compile_mode`` says which mode ran.
+
+    On a lazy backend (dask) with ``compile=False`` and no ``callback``, each epoch's step (the
+    loss, backward and the optimizer's step as one task graph) is handed to the backend without
+    waiting, and the next epoch's step is built on its parameters and handed over too before the
+    loss is read: the workers go from one step to the next without waiting for the client.  The
+    numbers are the eager loop's, bit for bit; where the eager loop would not take the next step
+    as built (a rollback, a non-finite loss, a failed step) it is discarded -- parameters, optimizer
+    state, gradients, buffers and polygrad's random generator put back -- and built again, so a
+    ``loss_fn`` with side effects of its own (a counter, gradients of tensors outside the
+    optimizer) sees that extra call.  An error raised while building it is raised at the epoch
+    where the eager loop raises it.  ``History.steps_ahead`` counts the epochs run this way;
+    ``pipeline=False`` turns it off (each epoch's step is then built after the last loss is read).
     """
     if epochs < 0:
         raise ValueError(f"fit: epochs must be >= 0, got {epochs}")
@@ -361,11 +505,23 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     good: _Snapshot | _HeldSnapshot | None = None
     # pure mode keeps its checkpoints by reference where the undo holds all they would copy
     hold = inside and checkpoint_path is None and _only_parameters(model, optimizer)
+    # a lazy backend's eager loop with no callback builds and submits the next epoch's step before it
+    # reads this epoch's loss (_speculate): nothing runs between the epochs that could change it
+    pipeline = (pipeline and mode == "eager" and callback is None and _steps_ahead(optimizer)
+                and _submits(optimizer) and _buffers_immutable(model))
+    # the next epoch's step, submitted (or what building it raised); discarded where eager would not take it
+    ahead: _Submitted | _Raised | None = None
     model.train()
     for epoch in range(epochs):
         t0 = time.perf_counter()
         undo = None  # this epoch's step's undo, where the step runs before the loss is read
-        if step is not None:
+        submitted: _Submitted | None = None  # this epoch's step, submitted before its loss is read
+        if isinstance(ahead, _Raised):  # loss_fn (or backward) raised for this epoch, on this state
+            raise ahead.error
+        if ahead is not None:  # built and submitted during the last epoch
+            submitted, ahead = ahead, None
+            history.steps_ahead += 1
+        elif step is not None:
             if inside:  # what the eager loop reads before its step, and the step's undo
                 lr = optimizer.current_lr()
                 undo = _StepUndo(optimizer)
@@ -375,7 +531,7 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
             loss, metrics = _split(loss_fn())
             _check_loss(loss)
             backward_done = False
-        if loss._be.lazy:
+        if submitted is None and loss._be.lazy:
             # a lazy backend computes what is read: run backward first, so the loss and the
             # gradients are materialised together and the forward pass runs once, not twice
             if not backward_done:
@@ -383,15 +539,24 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                 loss.backward()
                 backward_done = True
             if not inside and _steps_ahead(optimizer):  # the step joins the loss's graph: one submission
-                lr = optimizer.current_lr()
-                undo = _step_ahead(optimizer, loss)
+                submitted = _submit_step(optimizer, loss, metrics, wait=not pipeline)
             else:
                 pg.materialize(loss, *(p.grad for p in optimizer._params()))
+        if submitted is not None:
+            loss, metrics, lr, undo = submitted.loss, submitted.metrics, submitted.lr, submitted.undo
+            backward_done = True
+            if pipeline and epoch + 1 < epochs:
+                ahead = _speculate(model, optimizer, loss_fn)
+            _join(submitted, ahead if isinstance(ahead, _Submitted) else None)
         value = float(loss.item())
         if not inside and undo is None:
             lr = optimizer.current_lr()
         rise_too_big = (good is not None and rollback_threshold is not None
                         and value - good.loss > rollback_threshold * abs(good.loss) and value - good.loss > 1e-12)
+        if ahead is not None and (not math.isfinite(value) or rise_too_big):
+            if isinstance(ahead, _Submitted):
+                ahead.take_back()  # the eager loop would build the next step on other parameters
+            ahead = None
         if not math.isfinite(value) and good is None:
             if undo is not None:
                 undo.restore()  # the eager loop raises before its step
@@ -419,12 +584,17 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
                 if hold and undo is not None and _holdable(undo, optimizer):
                     good = _HeldSnapshot(epoch, value, undo, optimizer)
                 elif undo is not None:  # the state before this epoch's step, as the eager loop snapshots it
+                    # the next step, built already, is taken back first (its forward moved the
+                    # buffers the snapshot holds) and put back after
+                    retracted = ahead.take_back() if isinstance(ahead, _Submitted) else None
                     redo = undo.restore()
                     good = _snapshot(epoch, value, model, optimizer)
                     # saved before the step is redone: a failing save leaves the state from before
                     # the step, as the eager loop (which saves, then steps) does
                     _save_checkpoint(good, checkpoint_path)
                     redo.restore()
+                    if retracted is not None:
+                        retracted.restore()
                 else:
                     good = _snapshot(epoch, value, model, optimizer)
                     _save_checkpoint(good, checkpoint_path)
