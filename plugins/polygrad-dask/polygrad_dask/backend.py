@@ -56,6 +56,10 @@ class DaskBackend(pg.Backend):
 
     def __init__(self, partitions: int | None = None) -> None:
         super().__init__()
+        # names of arrays submit() persisted that no materialize has waited for yet: fit reads them
+        # through materialize, which then reports their failure and replicates them (a discarded
+        # submission's name stays: a few dozen bytes per rolled-back epoch)
+        self._unconfirmed: set[str] = set()
         self.kernels = {(op, "dense"): fn for op, fn in dense_kernels.KERNELS.items()}
         for layout in ("csr", "coo"):  # both layouts share polygrad's canonical CSR storage
             self.kernels.update({(op, layout): fn for op, fn in sparse_kernels.KERNELS.items()})
@@ -159,33 +163,56 @@ class DaskBackend(pg.Backend):
         return tuple(da.Array(HighLevelGraph.from_collections(name, {}, dependencies=done), name, lead.chunks,
                               dtype=p.dtype) for name, done, p in zip(names, picks, probe))
 
-    def materialize(self, arrays: list) -> list:
-        """Persist ``arrays`` on the workers in one graph (shared work computed once), wait for
-        them, and replicate the small ones on a second worker (parameters and optimizer state
-        survive a worker's loss).  A failure is a :class:`BackendError` naming what was lost."""
-        from distributed import wait
-
+    def submit(self, arrays: list) -> list:
+        """Persist ``arrays`` on the workers in one graph and return at once (``fit`` builds the next
+        epoch's step meanwhile).  Their names are kept until :meth:`materialize` waits for them:
+        it reports their failure and replicates the small ones, as for arrays it persists itself."""
         lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array) and not _persisted(a)]
         if not lazy:
             return list(arrays)
+        try:
+            done = _quiet(lambda: _persist(self.client(), [arrays[i] for i in lazy]))
+        except Exception as exc:  # noqa: BLE001 - no cluster, a graph the scheduler refuses
+            raise BackendError(f"backend 'dask': submitting {len(lazy)} arrays failed with "
+                               f"{type(exc).__name__}: {exc}") from exc
+        self._unconfirmed.update(a.name for a in done)
+        out = list(arrays)
+        for i, a in zip(lazy, done):
+            out[i] = a
+        return out
+
+    def materialize(self, arrays: list) -> list:
+        """Persist ``arrays`` on the workers in one graph (shared work computed once), wait for
+        them, and replicate the small ones on a second worker (parameters and optimizer state
+        survive a worker's loss).  Arrays :meth:`submit` persisted are waited for and replicated
+        the same way.  A failure is a :class:`BackendError` naming what was lost."""
+        from distributed import wait
+
+        lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array) and not _persisted(a)]
+        submitted = [a for a in arrays if isinstance(a, da.Array) and a.name in self._unconfirmed]
+        if not lazy and not submitted:
+            return list(arrays)
         client = self.client()
         try:
-            done = _quiet(lambda: _persist(client, [arrays[i] for i in lazy]))
-            futures = [f for a in done for f in _futures_of(a)]
+            done = _quiet(lambda: _persist(client, [arrays[i] for i in lazy])) if lazy else []
+            waited = done + submitted
+            futures = [f for a in waited for f in _futures_of(a)]
             wait(futures)
             failed = [f for f in futures if f.status == "error"]
             if failed:
                 failed[0].result()  # raises the task's own error
             # parameters and optimizer state (one row block): a copy on a second worker; row-blocked
             # arrays stay on their blocks' workers only (lineage rebuilds a lost block)
-            small = [f for a in done if a.nbytes <= REPLICATE_MAX_BYTES and (a.ndim == 0 or len(a.chunks[0]) < 2)
+            small = [f for a in waited if a.nbytes <= REPLICATE_MAX_BYTES and (a.ndim == 0 or len(a.chunks[0]) < 2)
                      for f in _futures_of(a)]
             if small and len(client.scheduler_info().get("workers", {})) > 1:
                 client.replicate(small, n=2)
         except Exception as exc:  # noqa: BLE001 - worker loss, cancelled futures, task errors
-            raise BackendError(f"backend 'dask': materialising {len(lazy)} arrays failed with "
+            raise BackendError(f"backend 'dask': materialising {len(lazy) + len(submitted)} arrays failed with "
                                f"{type(exc).__name__}: {exc}; the last completed step's parameters "
                                "are intact: train again to resume") from exc
+        finally:
+            self._unconfirmed.difference_update(a.name for a in submitted)
         out = list(arrays)
         for i, a in zip(lazy, done):
             out[i] = a
@@ -199,7 +226,11 @@ def _rule_block(fn: Any, numbers: tuple, attrs: dict, *blocks: np.ndarray) -> tu
 
 def _persisted(x: da.Array) -> bool:
     """Whether every chunk of ``x`` is a future already (persisting it again would resubmit the
-    same keys while the old futures are being released)."""
+    same keys while the old futures are being released).  A persisted array's graph is one layer
+    (its futures): an array of more layers is work still to do, known without walking its graph
+    for futures (a step's dozen results each have the whole step's graph)."""
+    if len(x.__dask_graph__().layers) > 1:
+        return False
     held = {f.key for f in _futures_of(x)}
     return bool(held) and all(k in held for k in flatten(x.__dask_keys__()))
 
@@ -209,9 +240,12 @@ def _persist(client: Any, arrays: list) -> list:
     computed on row block ``i``'s worker, where the pattern's block ``i`` lives
     (``cluster.row_placement``): features and activations stay beside the graph rows they meet,
     and no step moves them.  dask's own optimisation is off, since its low-level fusion renames
-    tasks and drops their placement."""
+    tasks and drops their placement.  ``fifo_timeout=0``: each graph is a generation of its own, so
+    the scheduler runs an earlier graph's tasks before a later one's (fit submits the next step
+    while this one runs; within dask's default 60 s the two would share a generation, and the next
+    step's first tasks would outrank this step's last ones by their order within each graph)."""
     with cluster.row_placement(arrays, chunks.partitions, client):
-        return client.persist(arrays, optimize_graph=False)
+        return client.persist(arrays, optimize_graph=False, fifo_timeout=0)
 
 
 def _futures_of(array: Any) -> list:
