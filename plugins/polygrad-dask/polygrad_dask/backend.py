@@ -10,6 +10,7 @@ bounded.  Sparse ops run block by block on the workers (``sparse_kernels``).
 from __future__ import annotations
 
 import operator
+import time
 import uuid
 import warnings
 from typing import Any
@@ -32,6 +33,9 @@ REPLICATE_MAX_BYTES = 64 << 20
 #: arrays up to this size handed to ``from_numpy`` stay embedded in the graphs that use them
 #: (scalars, weights: no round trip to the cluster); larger ones are sent to the workers once
 EMBED_MAX_BYTES = 1 << 20
+#: seconds a cluster memory figure is reused: one step's memory checks (a dozen) ask the scheduler
+#: once, and its figures lag the workers' heartbeats anyway
+MEMORY_FIGURE_TTL_S = 1.0
 
 
 def _quiet(fn):
@@ -60,6 +64,7 @@ class DaskBackend(pg.Backend):
         # through materialize, which then reports their failure and replicates them (a discarded
         # submission's name stays: a few dozen bytes per rolled-back epoch)
         self._unconfirmed: set[str] = set()
+        self._memory_figure: tuple[float, int | None] | None = None  # (when, memory_available())
         self.kernels = {(op, "dense"): fn for op, fn in dense_kernels.KERNELS.items()}
         for layout in ("csr", "coo"):  # both layouts share polygrad's canonical CSR storage
             self.kernels.update({(op, layout): fn for op, fn in sparse_kernels.KERNELS.items()})
@@ -82,6 +87,19 @@ class DaskBackend(pg.Backend):
         n = len(client.scheduler_info().get("workers", {}))
         chunks.set_partitions(max(chunks.partitions, n, 1))
         return _Closing(client)
+
+    def memory_available(self, device: int = 0) -> int | None:
+        """Bytes the cluster's workers can still take (:func:`polygrad_dask.cluster.memory_headroom`),
+        for polygrad's memory checks: a dask array lives on the workers, so this process's memory
+        (the default) would refuse a graph larger than the client though the cluster holds it --
+        and ask psutil a dozen times per step.  The figure is reused for :data:`MEMORY_FIGURE_TTL_S`.
+        None (this process's memory) while no cluster runs: a check must not start one."""
+        if not cluster.running():
+            return None
+        now = time.monotonic()
+        if self._memory_figure is None or now - self._memory_figure[0] > MEMORY_FIGURE_TTL_S:
+            self._memory_figure = (now, cluster.memory_headroom(self.client()))
+        return self._memory_figure[1]
 
     # -- availability ---------------------------------------------------------------------------
     def is_available(self) -> bool:

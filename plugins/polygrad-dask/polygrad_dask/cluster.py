@@ -309,6 +309,33 @@ _homes: list = []
 _homes_at = -HOMES_TTL_S
 
 
+#: addresses that name this machine: workers listening there share its memory
+_THIS_MACHINE = {LOOPBACK, "localhost", "::1"}
+
+
+def memory_headroom(client: Any) -> int | None:
+    """Bytes the cluster's workers can still take for new arrays (which they hold in row blocks):
+    over the workers, each one's ``memory_limit`` less its process's memory, from the scheduler's
+    latest figures; where every worker runs on this machine (the clusters ``connect`` starts), at
+    most what this machine has available (their limits may add up to more).  None where no worker
+    runs or one has no memory limit: polygrad then checks against this process's memory."""
+    import psutil
+    from distributed.comm import get_address_host
+
+    workers = client.scheduler_info().get("workers", {})
+    if not workers:
+        return None
+    total, here = 0, True
+    for address, worker in workers.items():
+        limit = worker.get("memory_limit") or 0
+        if not limit:
+            return None
+        used = (worker.get("metrics") or {}).get("memory") or 0
+        total += max(0, int(limit) - int(used))
+        here = here and get_address_host(address) in _THIS_MACHINE
+    return min(total, int(psutil.virtual_memory().available)) if here else total
+
+
 def homes(client: Any) -> list:
     """Worker address per row-block slot, stable: a worker keeps its slot while it lives; a slot
     whose worker left goes to a worker that has none (a restarted one), so the surviving

@@ -576,6 +576,40 @@ def test_a_submitted_array_is_waited_for_replicated_and_its_failure_reported(cli
     assert submitted.name not in be._unconfirmed
 
 
+def test_memory_checks_on_dask_ask_the_cluster_not_this_process(client, monkeypatch):
+    """A dask array lives on the workers: polygrad's memory check of an op's output compares it
+    with the workers' headroom (asked once per second at most), so a client with little memory
+    still builds a step for a graph the cluster holds, and a cluster without room refuses it."""
+    from polygrad.runtime import memory
+    from polygrad.runtime.registry import registry
+
+    be = registry.get("dask")
+    be._memory_figure = None
+    figure = be.memory_available()
+    workers = client.scheduler_info()["workers"].values()
+    assert 0 < figure <= sum(w["memory_limit"] for w in workers)
+
+    x = pg.tensor(np.ones((1 << 21, 1)), backend="dask")          # 16 MiB on the workers
+    asked = []
+
+    def headroom(client_, room):
+        asked.append(room)
+        return room
+
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda *a: 1 << 20)   # a small client
+    monkeypatch.setattr(polygrad_dask.cluster, "memory_headroom", lambda c: headroom(c, 64 << 30))
+    be._memory_figure = None
+    y = (x + 1.0) * 2.0                                              # two checks, one question
+    assert y.shape == x.shape and asked == [64 << 30]
+
+    monkeypatch.setattr(polygrad_dask.cluster, "memory_headroom", lambda c: headroom(c, 8 << 20))
+    be._memory_figure = None
+    with pytest.raises(pg.errors.MemoryBudgetError, match="'dask'"):
+        x + 1.0
+    monkeypatch.setattr(polygrad_dask.cluster, "running", lambda: False)   # no cluster: this process's memory
+    assert be.memory_available() is None
+
+
 def test_block_products_are_their_tasks_with_no_alias_in_between(client):
     """Each output block of an SpMM, its transpose, an SDDMM and a segment sum is the result of
     the kernel task itself, keyed as the array's chunk: no ``from_delayed`` alias per block,
