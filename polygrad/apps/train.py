@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -359,7 +359,8 @@ def _join(submitted: _Submitted, ahead: _Submitted | None = None) -> None:
 
 class _Before:
     """The state that building a step changes, held by reference: what its :class:`_StepUndo`
-    holds, the gradients (``zero_grad`` and backward replace them), the model's buffers (a forward
+    holds, the gradients of the optimizer's and the model's parameters (``zero_grad`` and backward
+    replace or add to them), the model's buffers (a forward
     in training mode moves batch-norm statistics) and polygrad's random generator (dropout).
     ``restore()`` puts them back and returns the :class:`_Before` of the state it replaced.  Valid
     where every buffer's arrays are immutable values (:func:`_buffers_immutable`): lazy backends'
@@ -369,7 +370,10 @@ class _Before:
     def __init__(self, model: Module, optimizer: Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
         self.undo = _StepUndo(optimizer)
-        leaves = [q for p in optimizer._params() for q in ((p, p.values) if is_sparse(p) else (p,))]
+        # the optimizer's parameters and the model's (one left out of the optimizer still gets a
+        # gradient, which a second backward would add to)
+        params = {id(p): p for p in (*optimizer._params(), *model.parameters())}.values()
+        leaves = [q for p in params for q in ((p, p.values) if is_sparse(p) else (p,))]
         self.grads = [(leaf, leaf.grad) for leaf in leaves]
         self.buffers = [(b, b._data) for b in _buffer_leaves(model)]
         self.rng = pg.rng().bit_generator.state
@@ -404,12 +408,18 @@ def _buffers_immutable(model: Module) -> bool:
 
 class _Raised:
     """What building the next step raised (an ``Exception`` from ``loss_fn``, backward or the
-    step), with the state put back: raised where the eager loop would call ``loss_fn`` -- at the
-    next epoch, unless this one rolls back (then ``loss_fn`` runs again on the rolled-back state)."""
-    __slots__ = ("error",)
+    step) and the state it left (a forward's statistics and random draws, gradients), with the
+    state from before put back for this epoch's decision: raised where the eager loop would call
+    ``loss_fn`` -- at the next epoch, from the state it left -- unless this epoch rolls back (then
+    ``loss_fn`` runs again on the rolled-back state)."""
+    __slots__ = ("error", "left")
 
-    def __init__(self, error: Exception) -> None:
-        self.error = error
+    def __init__(self, error: Exception, left: _Before) -> None:
+        self.error, self.left = error, left
+
+    def reraise(self) -> NoReturn:
+        self.left.restore()
+        raise self.error
 
 
 def _speculate(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) -> _Submitted | _Raised | None:
@@ -431,8 +441,7 @@ def _speculate(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any]) 
         loss.backward()
         submitted = _submit_step(optimizer, loss, metrics, wait=False)
     except Exception as exc:  # noqa: BLE001 - raised at the next epoch, where the eager loop raises it
-        before.restore()
-        return _Raised(exc)
+        return _Raised(exc, before.restore())
     except BaseException:
         before.restore()
         raise
@@ -517,7 +526,7 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
         undo = None  # this epoch's step's undo, where the step runs before the loss is read
         submitted: _Submitted | None = None  # this epoch's step, submitted before its loss is read
         if isinstance(ahead, _Raised):  # loss_fn (or backward) raised for this epoch, on this state
-            raise ahead.error
+            ahead.reraise()
         if ahead is not None:  # built and submitted during the last epoch
             submitted, ahead = ahead, None
             history.steps_ahead += 1
@@ -546,7 +555,11 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
             loss, metrics, lr, undo = submitted.loss, submitted.metrics, submitted.lr, submitted.undo
             backward_done = True
             if pipeline and epoch + 1 < epochs:
-                ahead = _speculate(model, optimizer, loss_fn)
+                try:
+                    ahead = _speculate(model, optimizer, loss_fn)
+                except BaseException:  # an interrupt while the step ran: as the waiting loop's, undone
+                    undo.restore()
+                    raise
             _join(submitted, ahead if isinstance(ahead, _Submitted) else None)
         value = float(loss.item())
         if not inside and undo is None:

@@ -70,12 +70,12 @@ def _state_keyed_loss(model, opt, x, y, scales):
     return loss_fn
 
 
-def _run(pipeline: bool, scales: dict, epochs: int = 6, make_model=None, fail=None, **kw):
+def _run(pipeline: bool, scales: dict, epochs: int = 6, make_model=None, fail=None, make_optimizer=None, **kw):
     """fit on the submitting backend; everything a run leaves behind, as numpy, plus its error."""
     with pg.use_backend("submittest"):
         pg.manual_seed(0)
         model = make_model() if make_model else nn.Linear(3, 2)
-        opt = optim.Adam(model.parameters(), lr=LR)
+        opt = make_optimizer(model) if make_optimizer else optim.Adam(model.parameters(), lr=LR)
         x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
         y = pg.tensor(np.arange(10.0).reshape(5, 2))
         loss_fn = fail(model, opt, x, y) if fail else _state_keyed_loss(model, opt, x, y, scales)
@@ -226,6 +226,88 @@ def test_an_error_in_loss_fn_while_building_ahead_surfaces_where_the_waiting_loo
     _assert_same(got, _run(False, {}, epochs=6, fail=_raising_at(step, once), rollback_threshold=None))
     assert got["error"] == f"ValueError: loss_fn failed at step {step}"
     assert got["step_count"] == step
+
+
+def _raising_after_forward(step: int):
+    """loss_fn raises at ``step`` steps taken after its forward ran (batch norm's statistics moved,
+    dropout drew): the eager loop raises from that state."""
+    def make(model, opt, x, y):
+        def loss_fn():
+            out = model(x)
+            if opt.step_count == step:
+                raise ValueError(f"bad batch at step {step}")
+            return pg.mse(out, y)
+        return loss_fn
+    return make
+
+
+def _schedule_raising_at(step: int):
+    """An optimizer whose schedule raises at ``step``: inside the step, after loss_fn and backward."""
+    def make(model):
+        return optim.Adam(model.parameters(), lr=LR, lr_schedule=lambda k: 1.0 / (step - k))
+    return make
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_an_error_after_the_forward_is_raised_from_the_state_it_left(submitting, step):
+    """The step built ahead raised after its forward (or in the optimizer's step, after backward):
+    fit raises at that epoch from the state the waiting loop raises from -- the forward's
+    statistics and random draws, the new gradients -- not from the state before it."""
+    kw = dict(epochs=6, make_model=_with_dropout_and_batchnorm, rollback_threshold=None)
+    got = _run(True, {}, fail=_raising_after_forward(step), **kw)
+    _assert_same(got, _run(False, {}, fail=_raising_after_forward(step), **kw))
+    assert got["error"] == f"ValueError: bad batch at step {step}"
+    got = _run(True, {}, make_optimizer=_schedule_raising_at(step), **kw)
+    _assert_same(got, _run(False, {}, make_optimizer=_schedule_raising_at(step), **kw))
+    assert got["error"] == "ZeroDivisionError: float division by zero" and got["step_count"] == step
+
+
+def test_an_interrupt_while_building_ahead_leaves_no_unchecked_step(submitting):
+    """Ctrl-C lands while fit builds the next step, before this epoch's loss was read: the step
+    it submitted is undone (its loss may be NaN), as the waiting loop undoes an interrupted wait;
+    the state is the last decided epoch's."""
+    def make(model, opt, x, y):
+        def loss_fn():
+            if opt.step_count == 2:  # the step built ahead during epoch 1
+                raise KeyboardInterrupt
+            return pg.mse(model(x), y) * (float("nan") if opt.step_count == 1 else 1.0)
+        return loss_fn
+
+    with pg.use_backend("submittest"):
+        pg.manual_seed(0)
+        model = nn.Linear(3, 2)
+        opt = optim.Adam(model.parameters(), lr=LR)
+        x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
+        y = pg.tensor(np.arange(10.0).reshape(5, 2))
+        with pytest.raises(KeyboardInterrupt):
+            fit(model, opt, make(model, opt, x, y), 5, rollback_threshold=None)
+        assert opt.step_count == 1   # epoch 0's step; epoch 1's (from a NaN loss) undone
+        assert all(np.isfinite(p.numpy()).all() for p in model.parameters())
+
+
+def test_a_parameter_left_out_of_the_optimizer_gets_the_waiting_loops_gradient(submitting):
+    """A layer frozen by leaving it out of the optimizer still gets gradients; a step built ahead
+    and discarded (a rollback) must not add its gradient to them."""
+    def frozen_first_layer():
+        return nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+
+    def run(pipeline):
+        with pg.use_backend("submittest"):
+            pg.manual_seed(0)
+            model = frozen_first_layer()
+            opt = optim.Adam(model.layers[1].parameters(), lr=LR)
+            x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
+            y = pg.tensor(np.arange(10.0).reshape(5, 2))
+            # rises, not NaN: a NaN gradient would make both runs' sums NaN, equal or not
+            history = fit(model, opt, _state_keyed_loss(model, opt, x, y, {(2, 0): 100.0, (3, 1): 50.0}),
+                          6, pipeline=pipeline)
+            return history.rollbacks, [p.grad.numpy() for p in model.layers[0].parameters()]
+
+    (rolled, got), (_, want) = run(True), run(False)
+    assert rolled >= 1
+    for a, b in zip(got, want):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("lost", [0, 2, 4])
