@@ -320,7 +320,7 @@ def memory_headroom(client: Any) -> int | None:
     most what this machine has available (their limits may add up to more).  None where no worker
     runs or one has no memory limit: polygrad then checks against this process's memory."""
     import psutil
-    from distributed.comm import get_address_host
+    from distributed.comm import get_address_host, parse_address
 
     workers = client.scheduler_info().get("workers", {})
     if not workers:
@@ -332,7 +332,8 @@ def memory_headroom(client: Any) -> int | None:
             return None
         used = (worker.get("metrics") or {}).get("memory") or 0
         total += max(0, int(limit) - int(used))
-        here = here and get_address_host(address) in _THIS_MACHINE
+        # an in-process worker ("inproc://", the cluster client() starts) lives in this process
+        here = here and (parse_address(address)[0] == "inproc" or get_address_host(address) in _THIS_MACHINE)
     return min(total, int(psutil.virtual_memory().available)) if here else total
 
 

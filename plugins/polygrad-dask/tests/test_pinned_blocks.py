@@ -610,6 +610,37 @@ def test_memory_checks_on_dask_ask_the_cluster_not_this_process(client, monkeypa
     assert be.memory_available() is None
 
 
+class _FakeClient:
+    def __init__(self, workers: dict):
+        self.workers = workers
+
+    def scheduler_info(self):
+        return {"workers": self.workers}
+
+
+@pytest.mark.parametrize("address, capped", [
+    ("tcp://127.0.0.1:40000", True),          # a cluster connect started: this machine
+    ("inproc://192.0.2.2/6040/4", True),      # the in-process cluster client() starts: this process
+    ("tcp://10.9.8.7:40000", False),          # another machine: its own memory
+])
+def test_memory_headroom_sums_the_workers_and_caps_this_machines(address, capped):
+    """The headroom is each worker's limit less its use, summed; workers on this machine (or in
+    this process) share its memory, so their sum is capped by what it has available."""
+    import psutil
+
+    huge = 1 << 50
+    workers = {address: {"memory_limit": huge, "metrics": {"memory": 1 << 30}},
+               address + "1": {"memory_limit": huge, "metrics": {"memory": 0}}}
+    got = polygrad_dask.cluster.memory_headroom(_FakeClient(workers))
+    if capped:
+        assert got <= psutil.virtual_memory().total
+    else:
+        assert got == 2 * huge - (1 << 30)
+    workers[address]["memory_limit"] = 0                      # a worker without a limit
+    assert polygrad_dask.cluster.memory_headroom(_FakeClient(workers)) is None
+    assert polygrad_dask.cluster.memory_headroom(_FakeClient({})) is None
+
+
 def test_block_products_are_their_tasks_with_no_alias_in_between(client):
     """Each output block of an SpMM, its transpose, an SDDMM and a segment sum is the result of
     the kernel task itself, keyed as the array's chunk: no ``from_delayed`` alias per block,
