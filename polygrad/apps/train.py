@@ -486,8 +486,8 @@ def fit(model: Module, optimizer: Optimizer, loss_fn: Callable[[], Any], epochs:
     numbers are the eager loop's, bit for bit; where the eager loop would not take the next step
     as built (a rollback, a non-finite loss, a failed step) it is discarded -- parameters, optimizer
     state, gradients, buffers and polygrad's random generator put back -- and built again, so a
-    ``loss_fn`` with side effects of its own (a counter, gradients of tensors outside the
-    optimizer) sees that extra call.  An error raised while building it is raised at the epoch
+    ``loss_fn`` with side effects of its own (a counter, gradients of tensors outside the model)
+    sees that extra call.  An error raised while building it is raised at the epoch
     where the eager loop raises it.  ``History.steps_ahead`` counts the epochs run this way;
     ``pipeline=False`` turns it off (each epoch's step is then built after the last loss is read).
     """
