@@ -28,7 +28,7 @@ from polygrad.compile import Compiled
 from polygrad.ir.errors import NonFiniteError
 
 from ..nn.module import Module
-from ..optim.optimizer import Optimizer
+from ..optim.optimizer import Optimizer, _leaf_of
 from ..tensor import Tensor, is_sparse
 
 __all__ = ["fit", "EpochRecord", "History"]
@@ -290,7 +290,7 @@ def _steps_ahead(optimizer: Optimizer) -> bool:
     would not have stepped: on a lazy backend (``Backend.lazy``), for an optimizer that replaces
     its arrays (:func:`_replaces_arrays`, so :class:`_StepUndo` is its undo)."""
     return _replaces_arrays(optimizer) and any(
-        (p.values if is_sparse(p) else p)._be.lazy for p in optimizer._params())
+        _leaf_of(p)._be.lazy for p in optimizer._params())
 
 
 def _step_ahead(optimizer: Optimizer, loss: Tensor) -> _StepUndo:
@@ -338,7 +338,7 @@ def _submit_step(optimizer: Optimizer, loss: Tensor, metrics: dict[str, Any], wa
         raise
     # the join waits for these very arrays: ``pending`` holds the parameters, whose storage the next
     # step (built before the join) replaces, so the tensors would name the next step's arrays
-    held = [] if wait else [(t.values if is_sparse(t) else t).detach() for t in results if isinstance(t, Tensor)]
+    held = [] if wait else [_leaf_of(t).detach() for t in results if isinstance(t, Tensor)]
     return _Submitted(loss, metrics, lr, undo, held)
 
 
@@ -392,12 +392,11 @@ class _Before:
 def _submits(optimizer: Optimizer) -> bool:
     """Whether a parameter's backend starts work without waiting for it (overrides
     ``Backend.submit``): else building the next step ahead would wait for this one first."""
-    return any(type(leaf._be).submit is not Backend.submit
-               for leaf in ((p.values if is_sparse(p) else p) for p in optimizer._params()))
+    return any(type(_leaf_of(p)._be).submit is not Backend.submit for p in optimizer._params())
 
 
 def _buffer_leaves(model: Module) -> list[Tensor]:
-    return [b.values if is_sparse(b) else b for _, b in model.named_buffers()]
+    return [_leaf_of(b) for _, b in model.named_buffers()]
 
 
 def _buffers_immutable(model: Module) -> bool:
