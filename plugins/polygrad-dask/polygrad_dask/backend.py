@@ -185,7 +185,7 @@ class DaskBackend(pg.Backend):
         """Persist ``arrays`` on the workers in one graph and return at once (``fit`` builds the next
         epoch's step meanwhile).  Their names are kept until :meth:`materialize` waits for them:
         it reports their failure and replicates the small ones, as for arrays it persists itself."""
-        lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array) and not _persisted(a)]
+        lazy = _to_persist(arrays)
         if not lazy:
             return list(arrays)
         try:
@@ -194,10 +194,7 @@ class DaskBackend(pg.Backend):
             raise BackendError(f"backend 'dask': submitting {len(lazy)} arrays failed with "
                                f"{type(exc).__name__}: {exc}") from exc
         self._unconfirmed.update(a.name for a in done)
-        out = list(arrays)
-        for i, a in zip(lazy, done):
-            out[i] = a
-        return out
+        return _replaced(arrays, lazy, done)
 
     def materialize(self, arrays: list) -> list:
         """Persist ``arrays`` on the workers in one graph (shared work computed once), wait for
@@ -206,7 +203,7 @@ class DaskBackend(pg.Backend):
         the same way.  A failure is a :class:`BackendError` naming what was lost."""
         from distributed import wait
 
-        lazy = [i for i, a in enumerate(arrays) if isinstance(a, da.Array) and not _persisted(a)]
+        lazy = _to_persist(arrays)
         submitted = [a for a in arrays if isinstance(a, da.Array) and a.name in self._unconfirmed]
         if not lazy and not submitted:
             return list(arrays)
@@ -231,15 +228,25 @@ class DaskBackend(pg.Backend):
                                "are intact: train again to resume") from exc
         finally:
             self._unconfirmed.difference_update(a.name for a in submitted)
-        out = list(arrays)
-        for i, a in zip(lazy, done):
-            out[i] = a
-        return out
+        return _replaced(arrays, lazy, done)
 
 
 def _rule_block(fn: Any, numbers: tuple, attrs: dict, *blocks: np.ndarray) -> tuple:
     """An optimizer rule on one block of its arrays (see ``DaskBackend.apply_update``)."""
     return tuple(fn(*blocks, *numbers, **attrs))
+
+
+def _to_persist(arrays: list) -> list[int]:
+    """Positions of the dask arrays in ``arrays`` that still have work to do."""
+    return [i for i, a in enumerate(arrays) if isinstance(a, da.Array) and not _persisted(a)]
+
+
+def _replaced(arrays: list, positions: list[int], done: list) -> list:
+    """``arrays`` with the persisted ``done`` at ``positions``."""
+    out = list(arrays)
+    for i, a in zip(positions, done):
+        out[i] = a
+    return out
 
 
 def _persisted(x: da.Array) -> bool:
