@@ -60,6 +60,11 @@ def submitting():
         yield registry.get("submittest")
 
 
+def _inputs():
+    """The regression's inputs and targets, on the current backend."""
+    return pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3)), pg.tensor(np.arange(10.0).reshape(5, 2))
+
+
 def _state_keyed_loss(model, opt, x, y, scales):
     """The loss scaled by ``scales[(steps taken, rollbacks so far)]``: a function of the training
     state only (not of how often it was called), so the loop that waits and the pipelined one see
@@ -76,8 +81,7 @@ def _run(pipeline: bool, scales: dict, epochs: int = 6, make_model=None, fail=No
         pg.manual_seed(0)
         model = make_model() if make_model else nn.Linear(3, 2)
         opt = make_optimizer(model) if make_optimizer else optim.Adam(model.parameters(), lr=LR)
-        x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
-        y = pg.tensor(np.arange(10.0).reshape(5, 2))
+        x, y = _inputs()
         loss_fn = fail(model, opt, x, y) if fail else _state_keyed_loss(model, opt, x, y, scales)
         history, error = None, None
         try:
@@ -277,8 +281,7 @@ def test_an_interrupt_while_building_ahead_leaves_no_unchecked_step(submitting):
         pg.manual_seed(0)
         model = nn.Linear(3, 2)
         opt = optim.Adam(model.parameters(), lr=LR)
-        x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
-        y = pg.tensor(np.arange(10.0).reshape(5, 2))
+        x, y = _inputs()
         with pytest.raises(KeyboardInterrupt):
             fit(model, opt, make(model, opt, x, y), 5, rollback_threshold=None)
         assert opt.step_count == 1   # epoch 0's step; epoch 1's (from a NaN loss) undone
@@ -296,8 +299,7 @@ def test_a_parameter_left_out_of_the_optimizer_gets_the_waiting_loops_gradient(s
             pg.manual_seed(0)
             model = frozen_first_layer()
             opt = optim.Adam(model.layers[1].parameters(), lr=LR)
-            x = pg.tensor(np.linspace(-1, 1, 15).reshape(5, 3))
-            y = pg.tensor(np.arange(10.0).reshape(5, 2))
+            x, y = _inputs()
             # rises, not NaN: a NaN gradient would make both runs' sums NaN, equal or not
             history = fit(model, opt, _state_keyed_loss(model, opt, x, y, {(2, 0): 100.0, (3, 1): 50.0}),
                           6, pipeline=pipeline)
