@@ -38,7 +38,6 @@ class SubmittingBackend(LazyBackend):
         super().__init__()
         self.submissions: list[list[Submitted]] = []
         self.waited: list[list[Pending]] = []
-        self.fail_wait_on: set[int] = set()  # submissions whose wait raises (a worker lost)
 
     def submit(self, arrays):
         out = [Submitted(a.value, len(self.submissions)) for a in arrays]
@@ -47,9 +46,6 @@ class SubmittingBackend(LazyBackend):
 
     def materialize(self, arrays):
         self.waited.append(list(arrays))
-        failing = {a.submission for a in arrays if isinstance(a, Submitted)} & self.fail_wait_on
-        if failing:
-            raise pg.errors.BackendError(f"backend 'submittest': submission {min(failing)} lost a worker")
         return super().materialize(arrays)
 
 
