@@ -60,10 +60,11 @@ class DaskBackend(pg.Backend):
 
     def __init__(self, partitions: int | None = None) -> None:
         super().__init__()
-        # names of arrays submit() persisted that no materialize has waited for yet: fit reads them
-        # through materialize, which then reports their failure and replicates them (a discarded
-        # submission's name stays: a few dozen bytes per rolled-back epoch)
-        self._unconfirmed: set[str] = set()
+        # arrays submit() persisted that no materialize has waited for yet, by name, with their
+        # chunks' keys: fit reads them through materialize, which then reports their failure and
+        # replicates them.  A submission fit discards (a rolled-back epoch) is never materialized:
+        # its entry goes at the next submit once the client holds none of its futures
+        self._unconfirmed: dict[str, list] = {}
         self._memory_figure: tuple[float, int | None] | None = None  # (when, memory_available())
         self.kernels = {(op, "dense"): fn for op, fn in dense_kernels.KERNELS.items()}
         for layout in ("csr", "coo"):  # both layouts share polygrad's canonical CSR storage
@@ -188,12 +189,19 @@ class DaskBackend(pg.Backend):
         lazy = _to_persist(arrays)
         if not lazy:
             return list(arrays)
+        client = self.client()
         try:
-            done = _quiet(lambda: _persist(self.client(), [arrays[i] for i in lazy]))
+            done = _quiet(lambda: _persist(client, [arrays[i] for i in lazy]))
         except Exception as exc:  # noqa: BLE001 - no cluster, a graph the scheduler refuses
             raise BackendError(f"backend 'dask': submitting {len(lazy)} arrays failed with "
                                f"{type(exc).__name__}: {exc}") from exc
-        self._unconfirmed.update(a.name for a in done)
+        # the Client's table of keys some Future in this process still holds (a distributed without
+        # it keeps every entry, as before)
+        held = getattr(client, "futures", None)
+        if held is not None:
+            self._unconfirmed = {name: keys for name, keys in self._unconfirmed.items()
+                                 if any(k in held for k in keys)}
+        self._unconfirmed.update((a.name, [f.key for f in _futures_of(a)]) for a in done)
         return _replaced(arrays, lazy, done)
 
     def materialize(self, arrays: list) -> list:
@@ -227,7 +235,8 @@ class DaskBackend(pg.Backend):
                                f"{type(exc).__name__}: {exc}; the last completed step's parameters "
                                "are intact: train again to resume") from exc
         finally:
-            self._unconfirmed.difference_update(a.name for a in submitted)
+            for a in submitted:
+                self._unconfirmed.pop(a.name, None)
         return _replaced(arrays, lazy, done)
 
 
