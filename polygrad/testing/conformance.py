@@ -13,6 +13,10 @@ For each kernel in the backend's table (its own and any plugin overrides) and ea
 ``errors``        bad input raises the documented polygrad error *before* the kernel runs
 ``fused-vjp``     a fused backward kernel (``backend.vjp_kernels``) vs the op's VJP rule
 
+Full runs (``polygrad check NAME`` with no filter) also check the gradients at edge points
+against PyTorch's conventions (:mod:`polygrad.testing.edges`) and, on a lazy backend, its
+``materialize``/``submit`` contract (:mod:`polygrad.testing.lazy`).
+
 A kernel that raises or whose output contradicts inference is a failure even though dispatch
 would have served the op by fallback.  Known gaps are listed in xfail files (see
 :func:`load_xfails`).  Run it::
@@ -50,6 +54,7 @@ from ..runtime.registry import list_backends, registry
 from ..tensor import tensor
 from ..engine.value import Value, backward_many
 from .edges import EDGE_CASES, check_edge_points
+from .lazy import LAZY_CHECKS, check_lazy_contract, is_lazy
 from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
 from .xfails import XFAIL_FILE, XFail, find_xfail, load_xfails, parse_xfails  # noqa: F401 - public here too
 from .grads import _explain, _seed_grad, compare, numerical_grad, vjp_grads
@@ -673,19 +678,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             tag = {"fail": "FAIL", "xfail": "XFAIL", "xpass": "XPASS"}[r.status]
             extra = f"  [xfail: {r.reason}]" if r.reason else ""
             print(f"{tag} {r.message or f'{r.op.value} ({r.layout}) {r.check} {r.case}'}{extra}")
-    # the edge-point set (gradients at kinks, vs PyTorch): on full runs, not on filtered ones
-    edge_failures: list[str] = []
-    if not (args.ops or args.layouts or args.checks):
-        edge_failures = check_edge_points(report.backend)
-        for message in edge_failures:
-            print(f"FAIL {message}")
-    if report.failures or edge_failures or args.verbose:
+    # the edge-point set (gradients at kinks, vs PyTorch) and a lazy backend's materialize/submit
+    # contract: on full runs, not on filtered ones
+    full = not (args.ops or args.layouts or args.checks)
+    lazy = full and is_lazy(report.backend)
+    edge_failures: list[str] = check_edge_points(report.backend) if full else []
+    lazy_failures: list[str] = check_lazy_contract(report.backend) if lazy else []
+    for message in edge_failures + lazy_failures:
+        print(f"FAIL {message}")
+    if report.failures or edge_failures or lazy_failures or args.verbose:
         print()
     print(report.summary())
-    if not (args.ops or args.layouts or args.checks):
+    if full:
         print(f"edge points (PyTorch's gradient conventions): {len(EDGE_CASES) - len(edge_failures)} of "
               f"{len(EDGE_CASES)} agree")
-    return 0 if report.ok and not edge_failures else 1
+    if lazy:
+        print(f"lazy backend contract (materialize, submit): {len(LAZY_CHECKS) - len(lazy_failures)} of "
+              f"{len(LAZY_CHECKS)} hold")
+    return 0 if report.ok and not edge_failures and not lazy_failures else 1
 
 
 def _infos():

@@ -576,6 +576,15 @@ def test_a_submitted_array_is_waited_for_replicated_and_its_failure_reported(cli
     assert submitted.name not in be._unconfirmed
 
 
+def test_the_kits_lazy_backend_contract_holds_on_the_cluster(client):
+    """materialize and submit return one array per input, in order, with the bits the arrays
+    read as directly (polygrad.testing.lazy, which ``polygrad check dask`` runs)."""
+    from polygrad.testing.lazy import check_lazy_contract, is_lazy
+
+    assert is_lazy("dask")
+    assert check_lazy_contract("dask") == []
+
+
 def test_a_discarded_submission_is_forgotten_at_the_next_submit(client):
     """fit discards the step it built ahead when an epoch rolls back: that submission is never
     materialized, and once nothing holds its futures the next submit forgets it (its name used to
