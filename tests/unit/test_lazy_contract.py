@@ -54,6 +54,17 @@ def test_lazy_backends_that_keep_the_contract_pass_it(backend_class):
         assert check_lazy_contract(backend_class.name) == []
 
 
+class Float32Lazy(LazyBackend):
+    """A lazy backend that holds float32 only: the contract runs at float32 (not a DTypeError)."""
+    name = "lazyf32"
+    dtypes = ("float32", "int32", "bool")
+
+
+def test_a_float32_only_lazy_backend_is_checked_at_float32():
+    with temporary_plugin(Float32Lazy()):
+        assert check_lazy_contract("lazyf32") == []
+
+
 def test_an_eager_backend_has_nothing_to_check():
     assert not is_lazy("numpy") and check_lazy_contract("numpy") == []
 
