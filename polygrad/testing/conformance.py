@@ -35,7 +35,7 @@ import argparse
 import sys
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -55,7 +55,8 @@ from ..tensor import tensor
 from ..engine.value import Value, backward_many
 from .edges import EDGE_CASES, check_edge_points
 from .lazy import LAZY_CHECKS, check_lazy_contract, is_lazy
-from .cases import LAYOUTS, BadCase, Case, bad_cases, cases, covered
+from .cases import BadCase, Case, bad_cases, cases
+from .report import Report, Result  # noqa: F401 - public here too
 from .xfails import XFAIL_FILE, XFail, find_xfail, load_xfails, parse_xfails  # noqa: F401 - public here too
 from .grads import _explain, _seed_grad, compare, numerical_grad, vjp_grads
 
@@ -88,19 +89,6 @@ class CheckFailure(AssertionError):
 
 class NotApplicable(Exception):
     """The check does not apply to this case (e.g. a gradient check of a non-differentiable case)."""
-
-
-@dataclass
-class Result:
-    backend: str
-    op: Op
-    layout: str
-    check: str
-    case: str
-    status: str                  # "pass", "fail", "xfail", "xpass"
-    message: str = ""
-    max_error: float | None = None
-    reason: str = ""             # xfail reason
 
 
 # -- backend access -----------------------------------------------------------------------------------
@@ -547,69 +535,6 @@ def iter_checks(ops: Iterable[Op | str] | None = None, layouts: Iterable[str] | 
             if ((wanted_ops is None or case.op in wanted_ops)
                     and (wanted_layouts is None or case.layout in wanted_layouts)):
                 yield check, case
-
-
-@dataclass
-class Report:
-    """All results of a conformance run, with the op x layout table."""
-    backend: str
-    results: list[Result] = field(default_factory=list)
-    provided: set = field(default_factory=set)
-
-    @property
-    def failures(self) -> list[Result]:
-        return [r for r in self.results if r.status == "fail"]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def counts(self) -> dict[str, int]:
-        out = {"pass": 0, "fail": 0, "xfail": 0, "xpass": 0}
-        for r in self.results:
-            out[r.status] += 1
-        return out
-
-    def cell(self, op: Op, layout: str) -> str:
-        if (op, layout) not in self.provided:
-            return "-"
-        mine = [r for r in self.results if r.op == op and r.layout == layout]
-        if not mine:
-            return "no cases"
-        statuses = {r.status for r in mine}
-        if "fail" in statuses:
-            return "FAIL"
-        if "xfail" in statuses:
-            return "xfail"
-        return "pass"
-
-    def layouts(self) -> list[str]:
-        extra = sorted({layout for _, layout in self.provided} - set(LAYOUTS))
-        return list(LAYOUTS) + extra
-
-    def table(self) -> str:
-        layouts = self.layouts()
-        rows = [["op", *layouts]] + [[op.value, *(self.cell(op, lay) for lay in layouts)] for op in Op]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines)
-
-    def summary(self) -> str:
-        c = self.counts()
-        missing = len(covered() - self.provided)
-        text = (f"backend {self.backend!r}: {len(self.results)} checks: {c['pass']} passed, {c['fail']} failed, "
-                f"{c['xfail']} xfailed")
-        if c["xpass"]:
-            text += f", {c['xpass']} xpassed (stale xfail entries?)"
-        return text + (f"; {len(self.provided)} kernels provided, {missing} of the kit's {len(covered())} "
-                       "(op, layout) pairs not provided")
-
-    def to_dict(self) -> dict:
-        return {"backend": self.backend, "ok": self.ok, "counts": self.counts(),
-                "table": {f"{op.value}/{lay}": self.cell(op, lay) for op in Op for lay in self.layouts()},
-                "failures": [{"op": r.op.value, "layout": r.layout, "check": r.check, "case": r.case,
-                              "message": r.message, "max_error": r.max_error} for r in self.failures]}
 
 
 def run_conformance(backend: str | Backend, ops: Iterable[Op | str] | None = None,
