@@ -21,7 +21,7 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 
 import polygrad as pg
-from polygrad.runtime.backend import Backend, shares_arrays
+from polygrad.runtime.backend import overrides, shares_arrays
 from polygrad.runtime import sharing
 from polygrad.runtime.heap import keep_heap_top
 from polygrad.compile import Compiled
@@ -392,7 +392,7 @@ class _Before:
 def _submits(optimizer: Optimizer) -> bool:
     """Whether a parameter's backend starts work without waiting for it (overrides
     ``Backend.submit``): else building the next step ahead would wait for this one first."""
-    return any(type(_leaf_of(p)._be).submit is not Backend.submit for p in optimizer._params())
+    return any(overrides(_leaf_of(p)._be, "submit") for p in optimizer._params())
 
 
 def _buffer_leaves(model: Module) -> list[Tensor]:

@@ -213,6 +213,12 @@ def supports_dtype(backend: "Backend", dtype: np.dtype) -> bool:
     return backend.dtypes is None or dtype.name in backend.dtypes
 
 
+def overrides(backend: "Backend", method: str) -> bool:
+    """Whether ``backend``'s class defines ``method`` itself rather than inheriting
+    :class:`Backend`'s default (``submit``: it starts work without waiting for it)."""
+    return getattr(type(backend), method) is not getattr(Backend, method)
+
+
 def shares_arrays(backend: "Backend") -> bool:
     """Whether ``backend``'s arrays are immutable values (``immutable`` or ``lazy``): sharing one
     is as good as copying it."""

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..runtime.backend import Backend, supports_dtype
+from ..runtime.backend import Backend, overrides, supports_dtype
 from ..runtime.registry import registry
 
 #: the contract's checks, in the order they run
@@ -37,9 +37,7 @@ LAZY_CHECKS = ("materialize", "materialize-empty", "materialize-repeated", "subm
 def is_lazy(backend: str) -> bool:
     """Whether ``backend`` defers work: ``lazy = True``, or a ``materialize``/``submit`` of its own."""
     be = registry.get(backend)
-    kind = type(be)
-    return bool(getattr(be, "lazy", False)) or kind.materialize is not Backend.materialize \
-        or kind.submit is not Backend.submit
+    return bool(be.lazy) or overrides(be, "materialize") or overrides(be, "submit")
 
 
 def _host(be: Backend) -> np.ndarray:
